@@ -1,0 +1,77 @@
+"""dataflex-bus: data-centric training controls for GRPO as pip-installable plugins.
+
+The public API is importable from here; nothing heavy (torch, plugins) is imported until used.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from .hookspecs import hookimpl, hookspec  # noqa: E402  (pluggy only: light)
+
+_EXPORTS = {
+    "Batch": "batch",
+    "Component": "components",
+    "Param": "components",
+    "Score": "components",
+    "Scorer": "components",
+    "Selector": "components",
+    "Selection": "components",
+    "Reweighter": "components",
+    "Reweighting": "components",
+    "Mixer": "components",
+    "register_scorer": "components",
+    "register_selector": "components",
+    "register_reweighter": "components",
+    "register_mixer": "components",
+    "DataflexConfig": "config",
+    "load_config": "config",
+    "apply_overrides": "config",
+    "Decision": "pipeline",
+    "Pipeline": "pipeline",
+    "build_pipeline": "pipeline",
+    "build_component": "pipeline",
+    "validate": "pipeline",
+    "EventBus": "bus",
+    "Runtime": "runtime",
+    "get_plugins": "discovery",
+    "reset_plugins": "discovery",
+}
+
+__all__ = ["__version__", "hookimpl", "hookspec", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dataflex_bus' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .batch import Batch
+    from .bus import EventBus
+    from .components import (
+        Component,
+        Mixer,
+        Param,
+        Reweighter,
+        Reweighting,
+        Score,
+        Scorer,
+        Selection,
+        Selector,
+        register_mixer,
+        register_reweighter,
+        register_scorer,
+        register_selector,
+    )
+    from .config import DataflexConfig, apply_overrides, load_config
+    from .discovery import get_plugins, reset_plugins
+    from .pipeline import Decision, Pipeline, build_component, build_pipeline, validate
+    from .runtime import Runtime

@@ -1,0 +1,282 @@
+"""The framework-neutral batch every component reads.
+
+A :class:`Batch` is a set of named tensors using verl's field names (``rm_scores``, ``response_mask``,
+``old_log_probs``, ``advantages``, ``rollout_is_weights``, ...) plus three row labels: the group id
+(``uid``), the domain (verl's ``data_source`` column by default) and a padding flag. Padding rows
+(verl pads batches to a divisible size) belong to no group and no domain, and no component counts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import BatchFieldError
+
+#: Field names that are row labels rather than tensors; ``Batch.has`` answers for them too.
+LABEL_FIELDS = ("uid", "data_source")
+
+
+def _index_labels(labels: Sequence[Any]) -> tuple[Tensor, list[str]]:
+    """Map labels to dense ids in order of first appearance (one C-level dict pass, no per-group work)."""
+    names: dict[str, int] = {}
+    ids = [names.setdefault(str(label), len(names)) for label in labels]
+    return torch.tensor(ids, dtype=torch.long), list(names)
+
+
+class Batch:
+    """Named tensors of one training batch with group, domain and padding labels.
+
+    Build it with :meth:`from_tensors`; ``uid`` and ``domains`` may be sequences of strings (any
+    hashable labels) or integer tensors. All derived quantities (rewards, lengths, group sizes) are
+    computed once, on whole tensors, and cached.
+    """
+
+    def __init__(
+        self,
+        fields: Mapping[str, Tensor],
+        *,
+        group_ids: Tensor | None,
+        domain_ids: Tensor | None,
+        domain_names: Sequence[str] = (),
+        is_padding: Tensor | None = None,
+        uid: Sequence[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.fields: dict[str, Tensor] = dict(fields)
+        size = self._infer_size()
+        self.is_padding = (
+            torch.zeros(size, dtype=torch.bool) if is_padding is None else is_padding.to(torch.bool)
+        )
+        if self.is_padding.shape != (size,):
+            raise BatchFieldError("Batch", "is_padding", f"expected shape ({size},), got {tuple(self.is_padding.shape)}")
+        self._raw_group_ids = group_ids
+        self.domain_ids = domain_ids
+        self.domain_names = list(domain_names)
+        self.uid = list(uid) if uid is not None else None
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_tensors(
+        cls,
+        *,
+        uid: Sequence[Any] | Tensor | None = None,
+        domains: Sequence[Any] | Tensor | None = None,
+        domain_names: Sequence[str] | None = None,
+        is_padding: Tensor | Sequence[bool] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        **fields: Tensor,
+    ) -> Batch:
+        """Build a batch from plain tensors.
+
+        ``uid``: per-row group label (strings, or an integer tensor for speed). ``domains``: per-row
+        domain label (strings, or integer ids into ``domain_names``). ``is_padding``: per-row flag.
+        """
+        uid_list: list[str] | None = None
+        group_ids: Tensor | None
+        if uid is None:
+            group_ids = None
+        elif isinstance(uid, Tensor):
+            group_ids = uid.to(torch.long)
+        else:
+            uid_list = [str(u) for u in uid]
+            group_ids, _ = _index_labels(uid_list)
+        if domains is None:
+            domain_ids, names = None, list(domain_names or [])
+        elif isinstance(domains, Tensor):
+            domain_ids = domains.to(torch.long)
+            if domain_names is None:
+                raise BatchFieldError("Batch", "data_source", "integer domain ids need domain_names")
+            names = list(domain_names)
+        else:
+            domain_ids, found = _index_labels(domains)
+            names = list(domain_names or [])
+            if names:
+                known = {n: i for i, n in enumerate(names)}
+                extra = [n for n in found if n not in known]
+                if extra:
+                    raise BatchFieldError("Batch", "data_source", f"labels {extra} not in domain_names {names}")
+                remap = torch.tensor([known[n] for n in found], dtype=torch.long)
+                domain_ids = remap[domain_ids]
+            else:
+                names = found
+        pad = None if is_padding is None else torch.as_tensor(is_padding, dtype=torch.bool)
+        return cls(fields, group_ids=group_ids, domain_ids=domain_ids, domain_names=names,
+                   is_padding=pad, uid=uid_list, meta=meta)
+
+    def _infer_size(self) -> int:
+        sizes = {name: t.shape[0] for name, t in self.fields.items() if t.dim() > 0}
+        if not sizes:
+            raise BatchFieldError("Batch", "<fields>", "a batch needs at least one per-row tensor")
+        first = next(iter(sizes.values()))
+        bad = {k: v for k, v in sizes.items() if v != first}
+        if bad:
+            raise BatchFieldError("Batch", next(iter(bad)), f"row counts disagree: {sizes}")
+        return first
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return int(self.is_padding.shape[0])
+
+    def __getitem__(self, name: str) -> Tensor:
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise BatchFieldError("Batch", name, f"not in batch (present: {sorted(self.fields)})") from None
+
+    def __contains__(self, name: str) -> bool:
+        return self.has(name)
+
+    def has(self, name: str) -> bool:
+        """True if the tensor field, or the ``uid``/``data_source`` label, is present."""
+        if name == "uid":
+            return self._raw_group_ids is not None
+        if name == "data_source":
+            return self.domain_ids is not None
+        return name in self.fields
+
+    def get(self, name: str, default: Tensor | None = None) -> Tensor | None:
+        return self.fields.get(name, default)
+
+    def require(self, component: str, names: Sequence[str]) -> None:
+        """Raise a :class:`BatchFieldError` naming ``component`` if any of ``names`` is missing."""
+        for name in names:
+            if not self.has(name):
+                raise BatchFieldError(component, name, f"required but missing (present: {sorted(self.fields)})")
+
+    def check_finite(self, component: str, name: str, values: Tensor | None = None) -> None:
+        """Raise if a field (restricted to real rows and tokens) holds NaN or inf."""
+        t = self[name] if values is None else values
+        if not t.is_floating_point():
+            return
+        bad = ~torch.isfinite(t)
+        if t.dim() >= 1 and t.shape[0] == len(self):
+            bad = bad & self.valid_rows.view(-1, *([1] * (t.dim() - 1)))
+            if t.dim() == 2 and t.shape == self.token_mask.shape:
+                bad = bad & self.token_mask
+        if bool(bad.any()):
+            rows = torch.nonzero(bad.reshape(bad.shape[0], -1).any(-1)).flatten()[:5].tolist()
+            raise BatchFieldError(component, name, f"non-finite values (NaN/inf) in rows {rows}")
+
+    # ------------------------------------------------------------------ derived, cached
+    @cached_property
+    def valid_rows(self) -> Tensor:
+        """Bool ``[B]``: rows that are not padding."""
+        return ~self.is_padding
+
+    @cached_property
+    def token_mask(self) -> Tensor:
+        """Bool ``[B, T]``: real response tokens of real rows."""
+        return self["response_mask"].to(torch.bool) & self.valid_rows[:, None]
+
+    @cached_property
+    def lengths(self) -> Tensor:
+        """Long ``[B]``: number of real response tokens (0 on padding rows)."""
+        return self.token_mask.sum(-1)
+
+    @cached_property
+    def rewards(self) -> Tensor:
+        """Float ``[B]``: outcome reward ``sum_t rm_scores * response_mask`` (0 on padding rows)."""
+        scores = self["rm_scores"]
+        if scores.dim() == 1:
+            r = scores.to(torch.float32)
+        else:
+            r = (scores.to(torch.float32) * self["response_mask"].to(torch.float32)).sum(-1)
+        return torch.where(self.valid_rows, r, torch.zeros_like(r))
+
+    @cached_property
+    def _groups(self) -> tuple[Tensor, int]:
+        raw = self._raw_group_ids
+        if raw is None:
+            # Without uid every real row is its own group (the non-group estimators' view).
+            raw = torch.arange(len(self))
+        valid = self.valid_rows
+        uniq, inverse = torch.unique(torch.where(valid, raw, raw.new_full((), -1)), return_inverse=True)
+        # torch.unique sorts; a padding sentinel (-1) would take id 0 when present: shift it out.
+        has_pad = bool((~valid).any()) and bool((uniq == -1).any())
+        inverse = inverse - 1 if has_pad else inverse
+        num = int(uniq.numel()) - (1 if has_pad else 0)
+        group_index = torch.where(valid, inverse, torch.full_like(inverse, -1))
+        return group_index, num
+
+    @property
+    def group_index(self) -> Tensor:
+        """Long ``[B]``: dense group id per row, ``-1`` on padding rows."""
+        return self._groups[0]
+
+    @property
+    def num_groups(self) -> int:
+        return self._groups[1]
+
+    @cached_property
+    def group_sizes(self) -> Tensor:
+        """Long ``[num_groups]``: real rows per group (mixed sizes and singletons are allowed)."""
+        from .ops import segment_count
+
+        return segment_count(self.group_index, self.num_groups)
+
+    @cached_property
+    def domain_index(self) -> Tensor:
+        """Long ``[B]``: domain id per row, ``-1`` on padding rows (and everywhere if no domain labels)."""
+        if self.domain_ids is None:
+            return torch.full((len(self),), -1, dtype=torch.long)
+        return torch.where(self.valid_rows, self.domain_ids, torch.full_like(self.domain_ids, -1))
+
+    # ------------------------------------------------------------------ transforms
+    def select(self, rows: Tensor) -> Batch:
+        """A new batch holding only ``rows`` (bool mask or index tensor), labels carried along."""
+        if rows.dtype == torch.bool:
+            rows = torch.nonzero(rows).flatten()
+        fields = {k: v[rows] if v.dim() > 0 and v.shape[0] == len(self) else v for k, v in self.fields.items()}
+        uid = [self.uid[i] for i in rows.tolist()] if self.uid is not None else None
+        return Batch(
+            fields,
+            group_ids=None if self._raw_group_ids is None else self._raw_group_ids[rows],
+            domain_ids=None if self.domain_ids is None else self.domain_ids[rows],
+            domain_names=self.domain_names,
+            is_padding=self.is_padding[rows],
+            uid=uid,
+            meta=self.meta,
+        )
+
+    def derive(self, *, fields: Mapping[str, Tensor] | None = None, is_padding: Tensor | None = None,
+               domain_ids: Tensor | None = None, domain_names: Sequence[str] | None = None) -> Batch:
+        """A new batch sharing this one's labels, with the given parts replaced."""
+        return Batch(
+            self.fields if fields is None else fields,
+            group_ids=self._raw_group_ids,
+            domain_ids=self.domain_ids if domain_ids is None else domain_ids,
+            domain_names=self.domain_names if domain_names is None else domain_names,
+            is_padding=self.is_padding if is_padding is None else is_padding,
+            uid=self.uid,
+            meta=self.meta,
+        )
+
+    def with_fields(self, **fields: Tensor) -> Batch:
+        """A new batch with some fields added or replaced (labels shared)."""
+        return self.derive(fields={**self.fields, **fields})
+
+    def with_domain_names(self, names: Sequence[str]) -> Batch:
+        """The same batch with domain ids re-expressed in the order of ``names`` (a mixer's domains)."""
+        names = list(names)
+        if names == self.domain_names:
+            return self
+        if self.domain_ids is None:
+            raise BatchFieldError("Batch", "data_source", "the batch has no domain labels")
+        position = {n: i for i, n in enumerate(names)}
+        remap = torch.tensor([position.get(n, -1) for n in self.domain_names] + [-1], dtype=torch.long)
+        ids = remap[torch.where(self.domain_ids >= 0, self.domain_ids, torch.full_like(self.domain_ids, -1))]
+        unknown = (ids < 0) & self.valid_rows
+        if bool(unknown.any()):
+            labels = sorted({self.domain_names[i] for i in self.domain_ids[unknown].tolist()})
+            raise BatchFieldError("Batch", "data_source", f"domains {labels} are not among {names}")
+        return self.derive(domain_ids=ids, domain_names=names)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.fields.items())
+        return f"Batch(rows={len(self)}, padding={int(self.is_padding.sum())}, {shapes})"

@@ -1,0 +1,151 @@
+"""The ``dataflex`` command line. Subcommands import their implementation lazily, so ``--help``,
+``--version`` and ``dataflex plugins`` stay fast and never import torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+from typing import Any
+
+from . import __version__
+
+#: subcommand -> "module:function" taking the parsed args and returning an exit code.
+COMMANDS = {
+    "plugins": "dataflex_bus.cli:cmd_plugins",
+    "validate": "dataflex_bus.cli:cmd_validate",
+    "run": "dataflex_bus.shim.commands:cmd_run",
+    "compare": "dataflex_bus.shim.commands:cmd_compare",
+    "doctor": "dataflex_bus.verl.doctor:cmd_doctor",
+    "new-plugin": "dataflex_bus.template:cmd_new_plugin",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dataflex", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"dataflex-bus {__version__}")
+    parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("plugins", help="list installed plugins, what they provide and what failed")
+    p.add_argument("--json", action="store_true", help="stable, sorted JSON instead of a table")
+    p.add_argument("--check", action="store_true", help="exit 1 if any plugin failed to load")
+
+    p = sub.add_parser("validate", help="check a config against the installed plugins; nothing trains")
+    p.add_argument("config", help="YAML file with a `dataflex:` block")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. dataflex.actuator.params.low=0.1")
+
+    p = sub.add_parser("run", help="train on the CPU shim with the configured method")
+    p.add_argument("config", help="YAML run config (see examples/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. dataflex.warmup_step=5")
+    p.add_argument("--steps", type=int, help="training steps (overrides trainer.steps)")
+    p.add_argument("--seed", type=int, help="random seed (overrides trainer.seed)")
+    p.add_argument("--out", help="run directory (default runs/<config name>)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("compare", help="run (or read) several configs on the same seeds and plot them")
+    p.add_argument("configs", nargs="+", help="YAML run configs or finished run directories")
+    p.add_argument("--steps", type=int, help="training steps for each run")
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the config's seed)")
+    p.add_argument("--out", default="runs/compare", help="output directory for runs, plot and table")
+    p.add_argument("--force", action="store_true", help="re-run configs whose run directory exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
+
+    p = sub.add_parser("new-plugin", help="create a method pack from the template")
+    p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")
+    p.add_argument("--dir", default=".", help="parent directory (default: current)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    # Overrides may come after options (`run cfg.yaml --steps 5 dataflex.warmup_step=2`): collect them.
+    args, extra = parser.parse_known_args(argv)
+    stray = [e for e in extra if "=" not in e and not e.startswith("~")]
+    if extra and (not hasattr(args, "overrides") or stray):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    module_name, _, func = COMMANDS[args.command].partition(":")
+    handler = getattr(import_module(module_name), func)
+    from .errors import DataflexError
+
+    try:
+        return int(handler(args) or 0)
+    except DataflexError as exc:
+        print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# ---------------------------------------------------------------------------- plugins
+def plugins_report() -> list[dict[str, Any]]:
+    """The ``dataflex plugins --json`` document: sorted by name, then distribution."""
+    from .discovery import get_plugins
+
+    records = [r.as_json() for r in get_plugins().records]
+    return sorted(records, key=lambda r: (r["name"], r["distribution"] or ""))
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    report = plugins_report()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        rows = []
+        for r in report:
+            comps = ", ".join(f"{c['name']} ({c['kind']})" for c in r["components"])
+            detail = comps if r["status"] == "active" else (r["error"] or "")
+            rows.append([r["name"], r["distribution"] or "-", r["version"] or "-", r["status"], detail])
+        print(_table(rows, ["PLUGIN", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS / ERROR"])
+              if rows else "no dataflex plugins installed")
+    failed = [r for r in report if r["status"] == "failed"]
+    return 1 if args.check and failed else 0
+
+
+# ---------------------------------------------------------------------------- validate
+def host_context(config: dict[str, Any]) -> dict[str, Any]:
+    """Facts about the host that validation checks against (verl-style or shim keys)."""
+    ctx: dict[str, Any] = {}
+    algorithm = config.get("algorithm") or {}
+    if isinstance(algorithm, dict) and "adv_estimator" in algorithm:
+        ctx["adv_estimator"] = algorithm["adv_estimator"]
+    rollout = ((config.get("actor_rollout_ref") or {}).get("rollout") or {}) if isinstance(
+        config.get("actor_rollout_ref"), dict) else {}
+    if isinstance(rollout, dict) and "n" in rollout:
+        ctx["rollout_n"] = rollout["n"]
+    trainer = config.get("trainer") or {}
+    if isinstance(trainer, dict) and "group_size" in trainer:
+        ctx["rollout_n"] = trainer["group_size"]
+    return ctx
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .errors import ConfigError, ConfigIssue
+    from .pipeline import validate
+
+    config = load_config(args.config, args.overrides)
+    block = config.get("dataflex")
+    if block is None:
+        raise ConfigError(ConfigIssue("dataflex", f"{args.config} has no `dataflex:` block"))
+    cfg = validate(block, context=host_context(config))
+    print(f"ok: mechanism={cfg.mechanism} scorer={cfg.scorer.name} actuator={cfg.actuator.name}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

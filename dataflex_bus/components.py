@@ -1,0 +1,310 @@
+"""The component model: what a plugin author subclasses.
+
+A method is one :class:`Scorer` (what to score) times one actuator: a :class:`Selector` (mechanism
+``select``), a :class:`Reweighter` (``reweight``) or a :class:`Mixer` (``mix``). Components declare
+their parameters with :class:`Param`, so configs are validated before anything trains, and declare what
+they read (``requires``), when they can run (``timing``) and what shape their output has
+(``granularity``), so the bus can wire them to the right training event and refuse combinations that
+cannot work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .errors import ConfigIssue
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .batch import Batch
+
+#: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
+TIMINGS: dict[str, str] = {
+    "post_reward": "on_rollout",
+    "post_advantage": "on_advantage",
+    "post_update": "on_step_end",
+}
+GRANULARITIES = ("prompt", "response", "token", "domain")
+KINDS = ("scorer", "selector", "reweighter", "mixer")
+#: Which actuator kind serves each mechanism.
+MECHANISM_KIND = {"select": "selector", "reweight": "reweighter", "mix": "mixer"}
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared component parameter: type, default and allowed range or choices.
+
+    ``low``/``high`` bound numbers (``low_open``/``high_open`` make a bound exclusive); ``choices``
+    lists the allowed values. A parameter without ``default`` is required.
+    """
+
+    type: type | tuple[type, ...]
+    default: Any = _REQUIRED
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[Any, ...] | None = None
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+    def describe(self) -> str:
+        """Human-readable allowed values, used in error messages and docs."""
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        names = self.type if isinstance(self.type, tuple) else (self.type,)
+        text = " or ".join(t.__name__ for t in names)
+        if self.low is not None or self.high is not None:
+            lo = "(-inf" if self.low is None else ("(" if self.low_open else "[") + f"{self.low:g}"
+            hi = "inf)" if self.high is None else f"{self.high:g}" + (")" if self.high_open else "]")
+            text += f" in {lo}, {hi}"
+        return text
+
+    def coerce(self, key: str, value: Any) -> tuple[Any, ConfigIssue | None]:
+        """Check and convert one value; returns ``(value, issue)``."""
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if isinstance(value, bool) and bool not in types:
+            return value, ConfigIssue(key, f"expected {self.describe()}, got bool {value!r}")
+        if not isinstance(value, types):
+            if float in types and isinstance(value, int):
+                value = float(value)
+            else:
+                return value, ConfigIssue(
+                    key, f"expected {self.describe()}, got {type(value).__name__} {value!r}"
+                )
+        if self.choices is not None and value not in self.choices:
+            return value, ConfigIssue(key, f"{value!r} is not allowed", self.choices)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                return value, ConfigIssue(key, f"must be finite, got {value!r}")
+            too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+            too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+            if too_low or too_high:
+                return value, ConfigIssue(key, f"{value!r} is out of range: expected {self.describe()}")
+        return value, None
+
+
+def resolve_params(
+    cls: type[Component], given: Mapping[str, Any], key: str = "params"
+) -> tuple[dict[str, Any], list[ConfigIssue]]:
+    """Validate ``given`` against ``cls.params``; returns the full parameter dict and every issue."""
+    issues: list[ConfigIssue] = []
+    declared = cls.params
+    for name in given:
+        if name not in declared:
+            issues.append(ConfigIssue(f"{key}.{name}", f"unknown parameter of {cls.__name__}", sorted(declared)))
+    values: dict[str, Any] = {}
+    for name, spec in declared.items():
+        if name in given:
+            value, issue = spec.coerce(f"{key}.{name}", given[name])
+            if issue:
+                issues.append(issue)
+                continue
+            values[name] = value
+        elif spec.required:
+            issues.append(ConfigIssue(f"{key}.{name}", f"required parameter of {cls.__name__} is missing"))
+        else:
+            values[name] = spec.default
+    if not issues:
+        issues.extend(
+            ConfigIssue(f"{key}.{param}" if param else key, message)
+            for param, message in cls.check_params(values)
+        )
+    return values, issues
+
+
+class Component:
+    """Base of every scorer and actuator.
+
+    Subclasses declare ``params`` and may override :meth:`check_params` for cross-parameter rules
+    (``low <= high``). The instance gets each parameter as an attribute. Stateful components override
+    :meth:`state_dict` / :meth:`load_state_dict` so a resumed run continues exactly.
+    """
+
+    kind: ClassVar[str] = ""
+    params: ClassVar[Mapping[str, Param]] = {}
+    #: Set by the registry when built by name; class name otherwise.
+    name: str = ""
+
+    def __init__(self, **params: Any) -> None:
+        from .errors import ConfigError
+
+        values, issues = resolve_params(type(self), params)
+        if issues:
+            raise ConfigError(issues)
+        self.config: dict[str, Any] = values
+        for key, value in values.items():
+            setattr(self, key, value)
+        self.name = self.name or type(self).__name__
+
+    @classmethod
+    def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Cross-parameter checks: return ``[(param, message), ...]`` for each violated rule."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume; stateless components return ``{}``."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if state:
+            raise ValueError(f"{self.name}: stateless component got a non-empty state {sorted(state)}")
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
+        return f"{type(self).__name__}({args})"
+
+
+@dataclass
+class Score:
+    """What a scorer returns.
+
+    ``values`` is ``[B]`` for ``prompt``/``response`` granularity (a prompt-level score is broadcast to
+    every row of its group), ``[B, T]`` for ``token`` and ``[D]`` (one per ``batch.domain_names``
+    entry) for ``domain``. Group scorers also hand the integer counts behind a rate (``counts`` per row,
+    ``totals`` per row) so actuators can make boundary decisions on integers, not floats.
+    """
+
+    values: Tensor
+    granularity: str
+    counts: Tensor | None = None
+    totals: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Scorer(Component):
+    """Computes one value per prompt, response, token or domain."""
+
+    kind: ClassVar[str] = "scorer"
+    #: Batch fields read by :meth:`score` (verl names; ``uid`` and ``data_source`` are row labels).
+    requires: ClassVar[Sequence[str]] = ()
+    #: Earliest point of the step at which the scorer can run: a key of :data:`TIMINGS`.
+    timing: ClassVar[str] = "post_reward"
+    #: Shape of the output: one of :data:`GRANULARITIES`.
+    granularity: ClassVar[str] = "response"
+    #: Needs several rollouts per prompt (a group-based advantage estimator such as GRPO).
+    needs_groups: ClassVar[bool] = False
+
+    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+        raise NotImplementedError(f"{type(self).__name__}.score")
+
+
+class Actuator(Component):
+    """Turns a score into an action under one mechanism."""
+
+    mechanism: ClassVar[str] = ""
+    #: Score granularities this actuator can act on.
+    accepts: ClassVar[Sequence[str]] = ("prompt", "response")
+    #: Earliest timing at which the actuator can act (e.g. subset selectors rewrite advantages).
+    min_timing: ClassVar[str] = "post_reward"
+    #: Batch fields the actuator itself reads, beyond the scorer's.
+    requires: ClassVar[Sequence[str]] = ()
+    needs_groups: ClassVar[bool] = False
+
+
+@dataclass
+class Selection:
+    """A selector's output: ``keep`` is bool ``[B]`` (padding rows are never kept).
+
+    Subset selectors that keep part of a group also return the recomputed ``advantages`` ``[B, T]``.
+    """
+
+    keep: Tensor
+    advantages: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Selector(Actuator):
+    """Mechanism ``select``: which rows enter the update."""
+
+    kind: ClassVar[str] = "selector"
+    mechanism: ClassVar[str] = "select"
+
+    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+        raise NotImplementedError(f"{type(self).__name__}.select")
+
+
+@dataclass
+class Reweighting:
+    """A reweighter's output: non-negative finite weights ``[B]`` or ``[B, T]``, multiplied into the loss."""
+
+    weights: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Reweighter(Actuator):
+    """Mechanism ``reweight``: per-token loss weights (multiplied into ``rollout_is_weights``)."""
+
+    kind: ClassVar[str] = "reweighter"
+    mechanism: ClassVar[str] = "reweight"
+    min_timing: ClassVar[str] = "post_advantage"
+    accepts: ClassVar[Sequence[str]] = ("prompt", "response", "token")
+
+    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+        raise NotImplementedError(f"{type(self).__name__}.reweight")
+
+
+class Mixer(Actuator):
+    """Mechanism ``mix``: sampling probabilities over domains for the *next* prompts.
+
+    The host calls :meth:`set_domains` once with the dataset's domain names, :meth:`update` at the end
+    of each step with that step's batch and score, and :meth:`probabilities` when it draws prompts.
+    """
+
+    kind: ClassVar[str] = "mixer"
+    mechanism: ClassVar[str] = "mix"
+    accepts: ClassVar[Sequence[str]] = ("prompt", "response", "domain")
+
+    domains: list[str]
+
+    def set_domains(self, domains: Sequence[str]) -> None:
+        self.domains = list(domains)
+
+    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+        """Fold this step's statistics in; returns metrics."""
+        raise NotImplementedError(f"{type(self).__name__}.update")
+
+    def probabilities(self) -> Tensor:
+        """Float ``[D]`` summing to 1, aligned with ``self.domains``."""
+        raise NotImplementedError(f"{type(self).__name__}.probabilities")
+
+
+# ---------------------------------------------------------------------------- in-process registration
+def _decorator(kind: str, name: str | None, summary: str):
+    def wrap(cls: type[Component]) -> type[Component]:
+        from .registry import register_local
+
+        register_local(kind, name or cls.__name__, cls, summary=summary or (cls.__doc__ or "").strip())
+        return cls
+
+    return wrap
+
+
+def register_scorer(name: str | None = None, *, summary: str = ""):
+    """Class decorator: make a scorer available by ``name`` in this process (no packaging needed)."""
+    return _decorator("scorer", name, summary)
+
+
+def register_selector(name: str | None = None, *, summary: str = ""):
+    """Class decorator: make a selector available by ``name`` in this process."""
+    return _decorator("selector", name, summary)
+
+
+def register_reweighter(name: str | None = None, *, summary: str = ""):
+    """Class decorator: make a reweighter available by ``name`` in this process."""
+    return _decorator("reweighter", name, summary)
+
+
+def register_mixer(name: str | None = None, *, summary: str = ""):
+    """Class decorator: make a mixer available by ``name`` in this process."""
+    return _decorator("mixer", name, summary)

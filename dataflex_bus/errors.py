@@ -1,0 +1,69 @@
+"""Exception types. Every error names its culprit: a config key, a plugin, a component or a field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class DataflexError(Exception):
+    """Base class of every error raised by dataflex-bus."""
+
+
+class ConfigIssue:
+    """One problem found in a config: the dotted key, what is wrong, and what would be allowed."""
+
+    __slots__ = ("allowed", "key", "message")
+
+    def __init__(self, key: str, message: str, allowed: Iterable[object] | None = None) -> None:
+        self.key = key
+        self.message = message
+        self.allowed = list(allowed) if allowed is not None else None
+
+    def __str__(self) -> str:
+        text = f"{self.key}: {self.message}"
+        if self.allowed:
+            text += f" (allowed: {', '.join(str(a) for a in self.allowed)})"
+        return text
+
+    def __repr__(self) -> str:
+        return f"ConfigIssue({self.key!r}, {self.message!r})"
+
+
+class ConfigError(DataflexError, ValueError):
+    """A config failed validation. ``issues`` lists every problem found, not only the first."""
+
+    def __init__(self, issues: ConfigIssue | Iterable[ConfigIssue]) -> None:
+        self.issues = [issues] if isinstance(issues, ConfigIssue) else list(issues)
+        lines = "\n".join(f"  - {issue}" for issue in self.issues)
+        super().__init__(f"invalid dataflex config ({len(self.issues)} problem(s)):\n{lines}")
+
+
+class PluginLoadError(DataflexError, RuntimeError):
+    """A plugin could not be imported or registered (raised in strict mode)."""
+
+
+class CollisionError(DataflexError, LookupError):
+    """A component name is provided by more than one distribution."""
+
+
+class UnknownComponentError(DataflexError, LookupError):
+    """No installed plugin provides the requested component."""
+
+
+class PluginRuntimeError(DataflexError, RuntimeError):
+    """A participant (a component wired by the config) raised inside a bus event."""
+
+    def __init__(self, plugin: str, hook: str, cause: BaseException) -> None:
+        self.plugin = plugin
+        self.hook = hook
+        self.cause = cause
+        super().__init__(f"plugin {plugin!r} failed in hook {hook!r}: {type(cause).__name__}: {cause}")
+
+
+class BatchFieldError(DataflexError, ValueError):
+    """A batch lacks a field a component requires, or a field holds NaN/inf or a wrong shape."""
+
+    def __init__(self, component: str, field: str, message: str) -> None:
+        self.component = component
+        self.field = field
+        super().__init__(f"{component}: field {field!r}: {message}")

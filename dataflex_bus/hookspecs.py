@@ -1,0 +1,85 @@
+"""The public hook API of dataflex-bus.
+
+Plugins implement these hooks with ``@dataflex_bus.hookimpl``. There are two families:
+
+* **registration** (``dataflex_register``): called once per plugin when plugins are loaded; a plugin
+  declares the scorers and actuators it provides. Listing plugins never imports the components, so
+  register ``"module:Class"`` strings (or classes from an import-light module).
+* **training events** (``on_rollout``, ``on_advantage``, ``on_step_end``): emitted by the host loop (the
+  CPU shim or the verl trainer) once per training step, in this order. The pipeline built from the
+  config is the *participant* that acts on each event; any other plugin implementing an event hook is an
+  *observer* (a logger, a metric sink): it sees the batch and the decision after the participants ran,
+  and if it raises, the error is logged and training goes on.
+
+Every event hook receives the same three arguments, so an implementation may accept any subset of them:
+``batch`` (:class:`dataflex_bus.Batch`), ``step`` (the 0-based training step) and ``decision``
+(:class:`dataflex_bus.Decision`, which participants fill in and observers read).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .batch import Batch
+    from .pipeline import Decision
+    from .registry import Register
+
+PROJECT = "dataflex"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: The training events in the order the host loop emits them within one step.
+EVENTS: tuple[str, ...] = ("on_rollout", "on_advantage", "on_step_end")
+
+
+@hookspec
+def dataflex_register(register: Register) -> None:
+    """Declare the components this plugin provides.
+
+    Call ``register(kind, name, target, summary="")`` once per component, where ``kind`` is one of
+    ``scorer``, ``selector``, ``reweighter`` or ``mixer`` and ``target`` is the component class or an
+    import string ``"package.module:ClassName"`` (preferred: the module is imported only when the
+    component is built, so ``dataflex plugins`` stays fast and never imports torch).
+    """
+
+
+@hookspec
+def on_rollout(batch: Batch, step: int, decision: Decision) -> None:
+    """Rewards are known; old log-probs, reference log-probs and advantages are not computed yet.
+
+    Fields present: ``prompts``, ``responses``, ``response_mask``, ``loss_mask``, ``rm_scores`` plus the
+    row labels ``uid`` and the domain column. A ``select`` pipeline whose scorer is ``post_reward`` acts
+    here: the rows it drops (whole groups) are removed before any further compute is spent on them.
+    """
+
+
+@hookspec
+def on_advantage(batch: Batch, step: int, decision: Decision) -> None:
+    """Advantages are computed; the policy update has not run.
+
+    Adds ``old_log_probs``, ``advantages``, ``returns`` and, when present, ``ref_log_prob`` and
+    ``rollout_is_weights``. ``reweight`` pipelines, ``select`` pipelines with a ``post_advantage`` scorer
+    and subset selectors (which rewrite ``advantages`` over the rows they keep) act here.
+    """
+
+
+@hookspec
+def on_step_end(batch: Batch, step: int, decision: Decision) -> None:
+    """The policy update of this step is done; emitted before the host saves a checkpoint.
+
+    ``mix`` pipelines update their per-domain statistics here and publish the domain probabilities that
+    the sampler uses for the *next* prompts. Observers typically log ``decision.metrics`` here.
+    """
+
+
+def documented_hooks() -> dict[str, Any]:
+    """Every hookspec in this module, by name (used by the docs test and by ``dataflex plugins``)."""
+    return {
+        name: obj
+        for name, obj in globals().items()
+        if callable(obj) and hasattr(obj, f"{PROJECT}_spec")
+    }

@@ -1,0 +1,1 @@
+"""Implementations of the first-party methods (import torch)."""

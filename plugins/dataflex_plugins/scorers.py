@@ -1,0 +1,17 @@
+"""Plugin ``scorers``: the built-in scorers."""
+
+from dataflex_bus import hookimpl
+
+_M = "dataflex_plugins.methods.scorers"
+
+
+@hookimpl
+def dataflex_register(register):
+    register("scorer", "reward_difficulty", f"{_M}:RewardDifficulty",
+             summary="outcome reward of each rollout")
+    register("scorer", "group_solve_rate", f"{_M}:GroupSolveRate",
+             summary="fraction of a prompt's rollouts whose reward exceeds a threshold")
+    register("scorer", "advantage_magnitude", f"{_M}:AdvantageMagnitude",
+             summary="mean/sum/max of |advantage| over a rollout's tokens")
+    register("scorer", "token_prob", f"{_M}:TokenProb",
+             summary="per-token probability exp(old_log_probs)")

@@ -1,0 +1,17 @@
+"""Plugin ``select``: the built-in selectors (mechanism ``select``)."""
+
+from dataflex_bus import hookimpl
+
+_M = "dataflex_plugins.methods.select"
+
+
+@hookimpl
+def dataflex_register(register):
+    register("selector", "threshold_band", f"{_M}:ThresholdBand",
+             summary="keep rows whose score lies in [low, high] (group rates decided on integer counts)")
+    register("selector", "dapo", f"{_M}:DapoFilter",
+             summary="DAPO dynamic sampling: keep groups whose rewards are not all equal")
+    register("selector", "topk_fraction", f"{_M}:TopKFraction",
+             summary="keep the top fraction of rows by score, stable ties")
+    register("selector", "max_variance", f"{_M}:MaxVariance",
+             summary="PODS: per group keep the max-variance subset, advantages recomputed")
