@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .hookspecs import hookimpl, hookspec  # noqa: E402  (pluggy only: light)
+from .hookspecs import hookimpl, hookspec
 
 _EXPORTS = {
     "Batch": "batch",

@@ -53,7 +53,8 @@ class Batch:
             torch.zeros(size, dtype=torch.bool) if is_padding is None else is_padding.to(torch.bool)
         )
         if self.is_padding.shape != (size,):
-            raise BatchFieldError("Batch", "is_padding", f"expected shape ({size},), got {tuple(self.is_padding.shape)}")
+            raise BatchFieldError("Batch", "is_padding",
+                                  f"expected shape ({size},), got {tuple(self.is_padding.shape)}")
         self._raw_group_ids = group_ids
         self.domain_ids = domain_ids
         self.domain_names = list(domain_names)

@@ -72,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if args.log_json:
+        import os
+
+        os.environ["DATAFLEX_LOG_FORMAT"] = "json"  # read when a command first logs
     module_name, _, func = COMMANDS[args.command].partition(":")
     handler = getattr(import_module(module_name), func)
     from .errors import DataflexError

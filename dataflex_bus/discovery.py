@@ -20,6 +20,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass, field
+from importlib import metadata  # group selection and EntryPoint.dist: stdlib since 3.10
 from typing import Any
 
 import pluggy
@@ -27,8 +28,6 @@ import pluggy
 from . import hookspecs
 from .errors import PluginLoadError
 from .registry import ComponentSpec, Register, Registry, local_specs, normalize_name
-
-from importlib import metadata  # group selection and EntryPoint.dist: stdlib since 3.10
 
 ENTRY_POINT_GROUP = "dataflex"
 ENV_LOAD = "DATAFLEX_LOAD_PLUGINS"

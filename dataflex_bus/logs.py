@@ -39,7 +39,9 @@ def configure(json: bool | None = None, level: int = logging.INFO) -> None:
         foreign_pre_chain=shared,
     ))
     root = logging.getLogger("dataflex_bus")
-    root.handlers = [handler]
+    # Replace only our own handler (a reconfigure to JSON), never handlers others attached.
+    root.handlers = [h for h in root.handlers if not getattr(h, "_dataflex", False)] + [handler]
+    handler._dataflex = True  # type: ignore[attr-defined]
     root.setLevel(level)
     root.propagate = False
     _CONFIGURED = fmt

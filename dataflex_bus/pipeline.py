@@ -126,7 +126,7 @@ def validate(
     registry = registry if registry is not None else _default_registry()
     context = dict(context or {})
     issues: list[ConfigIssue] = []
-    s_spec, s_cls = _resolve(registry, "scorer", cfg.scorer.name, f"{key}.scorer.name", issues)
+    _, s_cls = _resolve(registry, "scorer", cfg.scorer.name, f"{key}.scorer.name", issues)
     a_spec, a_cls = _resolve(registry, "actuator", cfg.actuator.name, f"{key}.actuator.name", issues)
     wanted_kind = MECHANISM_KIND[cfg.mechanism]
     if a_spec is not None and a_spec.kind != wanted_kind:

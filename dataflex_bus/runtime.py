@@ -29,6 +29,10 @@ class Runtime:
         self.bus = EventBus(self.plugins)
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.pipeline_name)
+        from .logs import get_logger
+
+        # Every run records which plugins (name==version) and which resolved method it ran with.
+        get_logger().info("dataflex.runtime", **self.record())
 
     @property
     def pipeline_name(self) -> str:
@@ -52,7 +56,7 @@ class Runtime:
                                for r in self.plugins.failed],
             "dataflex": self.pipeline.config.to_dict() if self.pipeline else None,
             "components": dict(self.pipeline.provenance) if self.pipeline else {},
-            "event": self.pipeline.event if self.pipeline else None,
+            "pipeline_event": self.pipeline.event if self.pipeline else None,
         }
 
     def state_dict(self) -> dict[str, Any]:

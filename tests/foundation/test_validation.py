@@ -1,0 +1,85 @@
+"""Every validation rule of the foundation, each naming the config key and the allowed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataflex_bus.errors import ConfigError
+from dataflex_bus.pipeline import build_pipeline, validate
+
+
+def block(scorer="toy_reward", actuator="toy_band", mechanism="select", sparams=None, aparams=None, **extra):
+    return {"mechanism": mechanism, "scorer": {"name": scorer, "params": sparams or {}},
+            "actuator": {"name": actuator, "params": aparams or {}}, **extra}
+
+
+def issues(cfg, **context):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, context=context)
+    return {i.key: str(i) for i in err.value.issues}
+
+
+def test_valid_block_passes(toys):
+    cfg = validate(block(aparams={"low": 0.2, "high": 0.8}))
+    assert cfg.actuator.params == {"low": 0.2, "high": 0.8}
+
+
+def test_unknown_names_list_and_suggest(toys):
+    found = issues(block(scorer="toy_rewad", actuator="nope"))
+    assert "did you mean 'toy_reward'" in found["dataflex.scorer.name"]
+    assert "toy_reward" in found["dataflex.scorer.name"]  # lists what exists
+    assert "unknown actuator 'nope'" in found["dataflex.actuator.name"]
+
+
+def test_actuator_kind_must_match_mechanism(toys):
+    found = issues(block(actuator="toy_mixer", mechanism="select"))
+    msg = found["dataflex.actuator.name"]
+    assert "is a mixer" in msg and "needs a selector" in msg and "toy_band" in msg
+
+
+def test_unknown_param_wrong_type_out_of_range(toys):
+    found = issues(block(aparams={"lo": 0.1, "high": "0.8", "fraction": 0.0, "mode": "fuzzy"}))
+    assert "unknown parameter" in found["dataflex.actuator.params.lo"]
+    assert "allowed: fraction, high, low, mode" in found["dataflex.actuator.params.lo"]
+    assert "expected float" in found["dataflex.actuator.params.high"]
+    assert "out of range" in found["dataflex.actuator.params.fraction"]
+    assert "(0, 1]" in found["dataflex.actuator.params.fraction"]
+    assert "allowed: inclusive, strict" in found["dataflex.actuator.params.mode"]
+
+
+def test_cross_parameter_rule(toys):
+    found = issues(block(aparams={"low": 0.9, "high": 0.1}))
+    assert "must be <= high" in found["dataflex.actuator.params.low"]
+
+
+def test_bool_is_not_a_number_and_nan_is_refused(toys):
+    found = issues(block(aparams={"low": True, "high": float("nan")}))
+    assert "got bool" in found["dataflex.actuator.params.low"]
+    assert "finite" in found["dataflex.actuator.params.high"]
+
+
+def test_requires_must_be_available_at_the_scorers_event(toys):
+    found = issues(block(scorer="toy_needs_adv"))
+    assert "requires ['advantages'], not available at on_rollout" in found["dataflex.scorer.name"]
+
+
+def test_token_scorer_cannot_feed_a_row_selector(toys):
+    found = issues(block(scorer="toy_token_prob"))
+    assert "token-level scores" in found["dataflex.scorer.name"]
+    assert "prompt or response" in found["dataflex.scorer.name"]
+
+
+def test_group_scorer_under_non_group_estimator(toys):
+    found = issues(block(scorer="toy_group_rate"), adv_estimator="gae")
+    assert "not group-based" in found["dataflex.scorer.name"] and "grpo" in found["dataflex.scorer.name"]
+    found = issues(block(scorer="toy_group_rate"), rollout_n=1)
+    assert "rollout n=1" in found["dataflex.scorer.name"]
+    validate(block(scorer="toy_group_rate"), context={"adv_estimator": "grpo", "rollout_n": 8})
+
+
+def test_pipeline_event_follows_declared_timing(toys):
+    assert build_pipeline(block()).event == "on_rollout"
+    assert build_pipeline(block(mechanism="reweight", actuator="toy_scale")).event == "on_advantage"
+    assert build_pipeline(block(mechanism="reweight", actuator="toy_scale", scorer="toy_token_prob")).event \
+        == "on_advantage"
+    assert build_pipeline(block(mechanism="mix", actuator="toy_mixer")).event == "on_step_end"
