@@ -56,9 +56,18 @@ class DataflexConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], key: str = "dataflex") -> DataflexConfig:
         """Parse and check the block's own keys; raises :class:`ConfigError` listing every problem."""
+        cfg, issues = cls.parse(raw, key)
+        if issues or cfg is None:
+            raise ConfigError(issues)
+        return cfg
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], key: str = "dataflex") -> tuple[DataflexConfig | None, list[ConfigIssue]]:
+        """Best-effort parse: the config (``None`` if the mechanism or a component is unusable) and every
+        problem found, so validation can also check the components of a block with a stray key."""
         issues: list[ConfigIssue] = []
         if not isinstance(raw, Mapping):
-            raise ConfigError(ConfigIssue(key, f"expected a mapping, got {type(raw).__name__}"))
+            return None, [ConfigIssue(key, f"expected a mapping, got {type(raw).__name__}")]
         allowed = [f.name for f in cls.__dataclass_fields__.values()]
         for k in raw:
             if k not in allowed:
@@ -94,10 +103,15 @@ class DataflexConfig:
                 issues.append(ConfigIssue(f"{key}.domains", f"expected a list of domain names, got {domains!r}"))
             elif len(set(domains)) != len(domains) or not domains:
                 issues.append(ConfigIssue(f"{key}.domains", f"expected distinct, non-empty names, got {domains!r}"))
-        if issues:
-            raise ConfigError(issues)
-        return cls(mechanism=mechanism, scorer=refs["scorer"], actuator=refs["actuator"],
-                   domains=list(domains) if domains is not None else None, domain_key=domain_key, **values)
+        if mechanism not in MECHANISM_KIND or refs["scorer"] is None or refs["actuator"] is None:
+            return None, issues
+        defaults = {f.name: f.default for f in cls.__dataclass_fields__.values()}
+        safe = {k: (v if not any(i.key == f"{key}.{k}" for i in issues) else defaults[k]) for k, v in values.items()}
+        ok_domains = domains is not None and not any(i.key == f"{key}.domains" for i in issues)
+        cfg = cls(mechanism=mechanism, scorer=refs["scorer"], actuator=refs["actuator"],
+                  domains=list(domains) if ok_domains else None,
+                  domain_key=domain_key if isinstance(domain_key, str) and domain_key else "data_source", **safe)
+        return cfg, issues
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

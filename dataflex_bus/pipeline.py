@@ -122,10 +122,15 @@ def validate(
     ``rollout_n`` (responses per prompt) and ``available_fields`` ({event: fields}) to override
     :data:`EVENT_FIELDS`.
     """
-    cfg = config if isinstance(config, DataflexConfig) else DataflexConfig.from_dict(config, key=key)
+    if isinstance(config, DataflexConfig):
+        cfg, issues = config, []
+    else:
+        parsed, issues = DataflexConfig.parse(config, key=key)
+        if parsed is None:
+            raise ConfigError(issues)
+        cfg = parsed
     registry = registry if registry is not None else _default_registry()
     context = dict(context or {})
-    issues: list[ConfigIssue] = []
     _, s_cls = _resolve(registry, "scorer", cfg.scorer.name, f"{key}.scorer.name", issues)
     a_spec, a_cls = _resolve(registry, "actuator", cfg.actuator.name, f"{key}.actuator.name", issues)
     wanted_kind = MECHANISM_KIND[cfg.mechanism]

@@ -83,3 +83,8 @@ def test_pipeline_event_follows_declared_timing(toys):
     assert build_pipeline(block(mechanism="reweight", actuator="toy_scale", scorer="toy_token_prob")).event \
         == "on_advantage"
     assert build_pipeline(block(mechanism="mix", actuator="toy_mixer")).event == "on_step_end"
+
+
+def test_block_and_component_problems_are_reported_together(toys):
+    found = issues(block(aparams={"low": 2.0}, typo=1))
+    assert set(found) == {"dataflex.typo", "dataflex.actuator.params.low"}
