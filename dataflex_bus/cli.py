@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="re-run configs whose run directory exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
-    sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
+    p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
+    p.add_argument("--json", action="store_true", help="the checks as JSON")
 
     p = sub.add_parser("new-plugin", help="create a method pack from the template")
     p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")

@@ -149,6 +149,13 @@ def validate(
         issues.extend(resolve_params(a_cls, cfg.actuator.params, key=f"{key}.actuator.params")[1])
     if s_cls is not None and a_cls is not None:
         issues.extend(_check_fit(cfg, s_cls, a_cls, context, key))
+    if not issues and cfg.mechanism == "mix" and cfg.domains:
+        # Rules that join parameters and domains (a floor times K, proportions naming every domain)
+        # are checked by the mixer's own set_domains, here rather than at the first training step.
+        try:
+            a_cls(**cfg.actuator.params).set_domains(list(cfg.domains))
+        except ConfigError as exc:
+            issues.extend(exc.issues)
     if issues:
         raise ConfigError(issues)
     return cfg
@@ -308,7 +315,9 @@ class Pipeline:
         batch.require(f"actuator {self.actuator.name!r}", self.actuator.requires)
         score = self._call("scorer", self.scorer.score, batch, step)
         values = score.values
-        if values.dim() >= 1 and values.shape[0] == len(batch) and values.is_floating_point():
+        if (values.dim() >= 1 and values.shape[0] == len(batch) and values.is_floating_point()
+                and not (values.numel() and bool(torch.isfinite(torch.stack(torch.aminmax(values))).all()))):
+            # Only when min or max is non-finite (one cheap reduction) look for the culprit rows.
             bad = ~torch.isfinite(values)
             if values.dim() == 2:
                 bad = (bad & batch.token_mask).any(-1)
@@ -375,24 +384,56 @@ class Pipeline:
         out = self._call("actuator", self.actuator.reweight, batch, score, step)
         w = out.weights
         tm = batch.token_mask
-        if w.dim() == 1:
-            w = w[:, None].expand_as(tm)
-        if w.shape != tm.shape:
-            raise BatchFieldError(f"reweighter {self.actuator.name!r}", "weights",
+        who = f"reweighter {self.actuator.name!r}"
+        if tuple(w.shape) not in ((len(batch),), tuple(tm.shape)):
+            raise BatchFieldError(who, "weights",
                                   f"expected shape {tuple(tm.shape)} or ({len(batch)},), got {tuple(w.shape)}")
-        real = w[tm]
-        if real.numel() and (not bool(torch.isfinite(real).all()) or bool((real < 0).any())):
-            raise BatchFieldError(f"reweighter {self.actuator.name!r}", "weights",
-                                  "weights must be finite and non-negative on real tokens")
-        w = torch.where(tm, w, torch.ones_like(w)).to(torch.float32)
+        lengths = batch.lengths
+        n_real = int(lengths.sum())
+        bad_weights = "weights must be finite and non-negative on real tokens"
+        if w.dim() == 1:
+            # Row weights: check and summarise on [B] (each row counted once per real token), expand once.
+            has_tokens = lengths > 0
+            wr, lr = w[has_tokens].double(), lengths[has_tokens].double()
+            if wr.numel() and (not bool(torch.isfinite(wr).all()) or bool((wr < 0).any())):
+                raise BatchFieldError(who, "weights", bad_weights)
+            stats = None
+            if n_real:
+                total, sq = float((wr * lr).sum()), float((wr * wr * lr).sum())
+                stats = (total, sq, float(wr.max()), float(wr.min()))
+            w = torch.where(tm, w.to(torch.float32)[:, None], 1.0)
+        else:
+            # Token weights: fill non-real tokens with one real token's own weight, so whole-tensor
+            # reductions (cheap, no [B, T] copy) give the real tokens' min/max; sums are corrected.
+            w = w.to(torch.float32)
+            stats = None
+            if n_real:
+                row = int(torch.nonzero(lengths > 0)[0])
+                fill = w[row][tm[row]][0]
+                wf = torch.where(tm, w, fill)
+                lo, hi = torch.aminmax(wf)
+                if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))) or float(lo) < 0:
+                    raise BatchFieldError(who, "weights", bad_weights)
+                n_fill = wf.numel() - n_real
+                f = float(fill)
+                # Row-wise float32 reductions, combined in float64 (a float64 whole-tensor sum would copy).
+                total = float(wf.sum(-1).double().sum()) - f * n_fill
+                sq = float(torch.linalg.vector_norm(wf, dim=-1).double().square().sum()) - f * f * n_fill
+                stats = (total, sq, float(hi), float(lo))
+                # In place on our own copy (no [B, T] ~mask temporary): non-real tokens -> 1.
+                w = torch.where(tm, wf, torch.ones((), dtype=wf.dtype), out=wf)
+            else:
+                w = torch.ones_like(w)
         decision.weights = w if decision.weights is None else decision.weights * w
         metrics = decision.metrics
-        if real.numel():
-            real = real.double()
-            metrics["dataflex/weight_mean"] = float(real.mean())
-            metrics["dataflex/weight_std"] = float(real.std()) if real.numel() > 1 else 0.0
-            metrics["dataflex/weight_max"] = float(real.max())
-            metrics["dataflex/weight_min"] = float(real.min())
+        if stats is not None:
+            total, sq, hi, lo = stats
+            mean = total / n_real
+            var = max(sq - n_real * mean * mean, 0.0) / (n_real - 1) if n_real > 1 else 0.0
+            metrics["dataflex/weight_mean"] = mean
+            metrics["dataflex/weight_std"] = var ** 0.5
+            metrics["dataflex/weight_max"] = hi
+            metrics["dataflex/weight_min"] = lo
         for k, v in out.metrics.items():
             metrics[f"dataflex/{k}"] = float(v)
 

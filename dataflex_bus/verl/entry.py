@@ -1,0 +1,64 @@
+"""verl plugin entry point (group ``verl.plugins``, name ``dataflex``).
+
+verl imports this module on every ``import verl`` (driver, TaskRunner actor, workers) and swallows any
+exception at DEBUG level, so a broken install would surface only later as ``Unknown trainer
+'dataflex_sync'``. This module therefore stays tiny and never raises: it imports the adapter (which
+registers ``dataflex_sync`` as an import side effect, from exactly one module path) and, if that fails,
+logs the cause at ERROR with its traceback and registers a stand-in ``dataflex_sync`` whose
+construction raises ``RuntimeError`` naming the real cause. The TaskRunner then fails loudly, through
+``ray.get``, with the reason instead of "Unknown trainer".
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import traceback
+
+from . import TRAINER_MODE
+
+#: The exception that stopped the adapter from loading in this process (``None``: loaded fine).
+LOAD_ERROR: BaseException | None = None
+#: Its formatted traceback, for ``dataflex doctor``.
+LOAD_TRACEBACK: str | None = None
+
+_ADAPTER = "dataflex_bus.verl.trainer"
+
+
+def _register_stand_in(cause: BaseException) -> None:
+    """Register a ``dataflex_sync`` whose construction raises with the real cause."""
+    try:
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
+        from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    except Exception:  # verl itself is broken: nothing to register into; the ERROR log says why.
+        return
+    if TRAINER_MODE in TRAINER_REGISTRY:
+        return
+
+    message = (f"the dataflex verl plugin failed to load: {cause!r}. Run `dataflex doctor` for details; "
+               "the full traceback was logged at ERROR by the 'dataflex_bus' logger in this process.")
+
+    class DataflexSyncUnavailable(PPOTrainerSync):
+        """Stand-in for ``dataflex_sync`` when the adapter could not be imported."""
+
+        load_error = cause
+
+        def __init__(self, config):
+            raise RuntimeError(message) from cause
+
+    register_trainer(TRAINER_MODE)(DataflexSyncUnavailable)
+
+
+try:
+    # import_module, not `from ... import`: when the adapter module itself triggered `import verl`
+    # (a user importing it first), it is already in sys.modules, half-initialised, and registers
+    # itself when it finishes. Reading an attribute here would fail spuriously.
+    importlib.import_module(_ADAPTER)
+except Exception as exc:
+    LOAD_ERROR = exc
+    LOAD_TRACEBACK = traceback.format_exc()
+    logging.getLogger("dataflex_bus").error(
+        "dataflex: the verl plugin could not import %s; trainer mode %r will raise on use.\n%s",
+        _ADAPTER, TRAINER_MODE, LOAD_TRACEBACK,
+    )
+    _register_stand_in(exc)

@@ -1,0 +1,90 @@
+"""TransferQueue <-> :class:`~dataflex_bus.Batch` conversion for the verl trainer.
+
+verl 0.9.1 keeps every trajectory in TransferQueue. Per-token fields come back from
+``tq.kv_batch_get`` as jagged nested tensors (even when all lengths agree) and non-tensor fields
+(``uid``, ``data_source``) as lists. The plugin core works on padded ``[B, T]`` tensors, so this module
+pads on the way in and re-nests on the way out, on whole tensors (no per-row loops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from torch import Tensor
+from transfer_queue import KVBatchMeta
+
+from ..batch import Batch
+from ..errors import BatchFieldError
+
+
+def padded(t: Tensor, pad: float = 0) -> Tensor:
+    """A right-padded dense tensor from a jagged nested one (dense tensors pass through)."""
+    return t.to_padded_tensor(pad) if t.is_nested else t
+
+
+def to_nested(dense: Tensor, like: Tensor) -> Tensor:
+    """Re-nest a padded ``[B, T]`` tensor with the row lengths of the nested tensor ``like``.
+
+    Equivalent to verl's ``response_to_nested`` but built from one boolean gather instead of a loop
+    over rows: row-major order keeps every row's tokens contiguous, so ``like``'s offsets apply.
+    """
+    if not like.is_nested:
+        raise BatchFieldError("dataflex verl adapter", "response_mask", "expected a nested (jagged) tensor")
+    offsets = like.offsets()
+    lengths = offsets.diff()
+    width = dense.shape[1]
+    if lengths.numel() and int(lengths.max()) > width:
+        raise BatchFieldError("dataflex verl adapter", "<re-nest>",
+                              f"padded width {width} is shorter than the longest row {int(lengths.max())}")
+    valid = torch.arange(width, device=dense.device)[None, :] < lengths.to(dense.device)[:, None]
+    # Pass the row-length bounds: without them torch pads such a tensor to its *total* length.
+    longest = int(lengths.max()) if lengths.numel() else 0
+    shortest = int(lengths.min()) if lengths.numel() else 0
+    return torch.nested.nested_tensor_from_jagged(dense[valid], offsets=offsets, max_seqlen=longest,
+                                                  min_seqlen=shortest)
+
+
+def fetch(meta: KVBatchMeta, fields: Iterable[str]) -> TensorDict:
+    """Read ``fields`` of every key of ``meta`` (missing fields are silently omitted by TQ)."""
+    return tq.kv_batch_get(keys=list(meta.keys), partition_id=meta.partition_id,
+                           select_fields=sorted(set(fields)))
+
+
+def padding_flags(tags: Sequence[Mapping[str, Any]]) -> Tensor:
+    """Bool ``[B]``: rows verl added to make the batch divisible (tag ``is_padding``)."""
+    return torch.tensor([bool(tag.get("is_padding", False)) for tag in tags], dtype=torch.bool)
+
+
+def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key: str = "data_source",
+             meta: Mapping[str, Any] | None = None) -> Batch:
+    """Build a :class:`Batch` from a ``kv_batch_get`` result and the keys' tags.
+
+    Group labels come from the ``uid`` field, domain labels from the ``domain_key`` field, padding
+    flags from the tags. Tensor fields are padded (nested per-token fields become ``[B, T]``);
+    other non-tensor fields (``extra_fields``, ``reward_model``...) are not part of the batch.
+    """
+    fields: dict[str, Tensor] = {}
+    labels: dict[str, list[Any]] = {}
+    for name in data.keys():
+        value = data.get(name)
+        if isinstance(value, Tensor):
+            fields[name] = padded(value)
+        elif name in ("uid", domain_key):
+            # Elements may come back wrapped (NonTensorData) depending on the TQ backend.
+            labels[name] = [getattr(item, "data", item) for item in value]
+    if not fields:
+        raise BatchFieldError("dataflex verl adapter", "<fields>",
+                              f"TransferQueue returned no tensor field (got {sorted(data.keys())})")
+    return Batch.from_tensors(uid=labels.get("uid"), domains=labels.get(domain_key),
+                              is_padding=padding_flags(tags), meta=meta, **fields)
+
+
+def put(meta: KVBatchMeta, fields: Mapping[str, Tensor]) -> KVBatchMeta:
+    """Write ``fields`` for every key of ``meta``; returns TQ's new meta, whose ``fields`` list
+    includes the written ones (the worker only receives fields listed there)."""
+    td = TensorDict(dict(fields), batch_size=len(meta.keys))
+    return tq.kv_batch_put(keys=list(meta.keys), partition_id=meta.partition_id, fields=td)

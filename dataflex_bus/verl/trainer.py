@@ -1,0 +1,388 @@
+"""The ``dataflex_sync`` trainer mode for verl 0.9.1 (``trainer.v1.trainer_mode=dataflex_sync``).
+
+A subclass of verl's ``PPOTrainerSync`` that runs the configured dataflex method inside the real step,
+at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_base.py``):
+
+* ``_balance_batch`` -> **on_rollout**: rewards are in TransferQueue, nothing else is computed yet.
+  Dropped groups are removed from the batch (``KVBatchMeta.select_keys``) and from TQ (``kv_clear``)
+  *before* verl pads the batch, so old-log-prob, reference, critic and actor compute is not spent on
+  them.
+* ``_compute_advantage`` -> **on_advantage**: weights are multiplied into any ``rollout_is_weights``
+  verl wrote, sample-level drops zero ``response_mask``, ``loss_mask`` and ``advantages``, subset
+  selectors rewrite ``advantages``; written for every key, padding included, and the meta returned by
+  *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields.
+* ``step`` -> **on_step_end**: before ``fit`` saves the step's checkpoint, so mixer/bandit updates are
+  in it.
+* ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn
+  by the pipeline's domain probabilities (:class:`~dataflex_bus.verl.sampler.DomainSampler`).
+
+Plugin state is saved as ``global_step_N/dataflex_state.pt`` before verl's checkpoint (whose tracker
+file is written last) and restored after verl's ``_load_checkpoint``. The trainer forces
+``self.trainer_mode = "sync"`` so verl keeps every sync code path (sync ReplayBuffer, no forced
+``gen_batch_size=1``, no TQ snapshot in checkpoints).
+
+The class registers itself under ``dataflex_sync`` as the last statement of this module, so a failing
+import never leaves a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils import tensordict_utils as tu
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.dataset.rl_dataset import collate_fn
+
+from .. import __version__
+from ..batch import LABEL_FIELDS, Batch
+from ..errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError
+from ..ops import segment_count, segment_sum
+from ..pipeline import EVENT_FIELDS, Decision
+from ..runtime import Runtime
+from . import TRAINER_MODE
+from .sampler import DomainSampler
+from .tqbatch import fetch, put, to_batch, to_nested
+
+log = logging.getLogger("dataflex_bus")
+
+#: File written into every ``global_step_N`` checkpoint folder.
+STATE_FILE = "dataflex_state.pt"
+#: Fields every event reads, whatever the method: labels, rewards and the response mask.
+BASE_FIELDS = ("uid", "response_mask", "rm_scores")
+#: verl policy losses that ignore ``rollout_is_weights`` entirely (core_algos.py, bypass_mode).
+WEIGHT_IGNORING_LOSSES = frozenset({"bypass_mode"})
+#: verl policy losses that collapse per-token weights to a per-sequence geometric mean.
+WEIGHT_COLLAPSING_LOSSES = frozenset({"geo_mean"})
+
+
+# ---------------------------------------------------------------------------- config helpers
+def dataflex_block(config: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``dataflex`` block of a verl config as a plain dict (``None`` when absent)."""
+    block = config.get("dataflex", None)
+    if block is None:
+        return None
+    if OmegaConf.is_config(block):
+        return OmegaConf.to_container(block, resolve=True)  # type: ignore[return-value]
+    return dict(block)
+
+
+def host_context(config: DictConfig) -> dict[str, Any]:
+    """What the foundation's validation needs to know about this verl run."""
+    return {"adv_estimator": str(config.algorithm.adv_estimator),
+            "rollout_n": int(config.actor_rollout_ref.rollout.n)}
+
+
+def check_host_config(config: DictConfig, runtime: Runtime) -> None:
+    """Refuse verl settings under which the configured method would silently do nothing.
+
+    Raises :class:`ConfigError`; logs a warning for settings that weaken, but do not disable, it.
+    """
+    pipeline = runtime.pipeline
+    if pipeline is None:
+        return
+    mech = pipeline.config.mechanism
+    actor = config.actor_rollout_ref.actor
+    loss_mode = str(OmegaConf.select(actor, "policy_loss.loss_mode", default="vanilla"))
+    issues: list[ConfigIssue] = []
+    if mech == "reweight" and loss_mode in WEIGHT_IGNORING_LOSSES:
+        issues.append(ConfigIssue(
+            "actor_rollout_ref.actor.policy_loss.loss_mode",
+            f"verl's {loss_mode!r} policy loss ignores rollout_is_weights, so dataflex.mechanism=reweight "
+            "would change nothing; use a loss that multiplies the weights",
+            ["vanilla", "gspo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "dro", "cispo"]))
+    if issues:
+        raise ConfigError(issues)
+    if mech == "reweight" and loss_mode in WEIGHT_COLLAPSING_LOSSES:
+        log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
+                    "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
+    agg = str(actor.get("loss_agg_mode", "token-mean"))
+    if mech == "select" and agg.startswith("seq-mean"):
+        log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
+                    "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
+    filter_groups = config.algorithm.get("filter_groups", None)
+    if mech == "select" and filter_groups is not None and filter_groups.get("enable", False) \
+            and pipeline.actuator.name == "dapo":
+        log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "
+                    "the dataflex 'dapo' selector after it will find nothing to drop")
+
+
+# ---------------------------------------------------------------------------- batch statistics
+def rollout_metrics(batch: Batch) -> dict[str, float]:
+    """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
+    valid = batch.valid_rows
+    n = int(valid.sum())
+    out: dict[str, float] = {"dataflex/rollout/rows": float(n), "dataflex/rollout/groups": float(batch.num_groups)}
+    if n == 0:
+        return out
+    rewards = batch.rewards[valid].double()
+    lengths = batch.lengths[valid].double()
+    out.update({
+        "dataflex/rollout/reward_mean": float(rewards.mean()),
+        "dataflex/rollout/reward_std": float(rewards.std()) if n > 1 else 0.0,
+        "dataflex/rollout/reward_min": float(rewards.min()),
+        "dataflex/rollout/reward_max": float(rewards.max()),
+        "dataflex/rollout/response_length_mean": float(lengths.mean()),
+    })
+    if batch.domain_ids is not None and batch.domain_names:
+        d = len(batch.domain_names)
+        counts = segment_count(batch.domain_index, d)
+        sums = segment_sum(batch.rewards.double(), batch.domain_index, d)
+        for name, count, total in zip(batch.domain_names, counts.tolist(), sums.tolist()):
+            out[f"dataflex/rollout/rows/{name}"] = float(count)
+            if count:
+                out[f"dataflex/rollout/reward_mean/{name}"] = total / count
+    return out
+
+
+def first_group(batch: Batch) -> torch.Tensor:
+    """Bool ``[B]``: the rows of the first real group (what an empty selection keeps, see on_empty)."""
+    valid = torch.nonzero(batch.valid_rows).flatten()
+    if valid.numel() == 0:
+        return torch.ones(len(batch), dtype=torch.bool)
+    return batch.group_index == batch.group_index[valid[0]]
+
+
+# ---------------------------------------------------------------------------- the trainer
+class DataflexSyncTrainer(PPOTrainerSync):
+    """verl's synchronous PPO trainer with the dataflex event bus wired into its step."""
+
+    def __init__(self, config: DictConfig) -> None:
+        # Build (and strictly validate) the method first: errors reach the driver before any worker starts.
+        self.dataflex = Runtime(dataflex_block(config), context=host_context(config))
+        check_host_config(config, self.dataflex)
+        pipeline = self.dataflex.pipeline
+        self.domain_key = pipeline.config.domain_key if pipeline is not None else "data_source"
+        self.domain_sampler: DomainSampler | None = None
+        self._skip_update = False
+        self._drawn: dict[str, int] = {}
+        super().__init__(config)
+
+    # ------------------------------------------------------------------ verl mode
+    def _build_replay_buffer(self):
+        # verl branches on the literal "sync" (replay buffer type, forced gen_batch_size=1, TQ snapshots
+        # in checkpoints, TQ restore on resume); any other mode string silently selects the async paths.
+        self.trainer_mode = "sync"
+        self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+        return super()._build_replay_buffer()
+
+    # ------------------------------------------------------------------ events
+    def _step_index(self) -> int:
+        """0-based step index given to the bus (verl counts global steps from 1)."""
+        return max(self.global_steps - 1, 0)
+
+    def _event_fields(self, event: str) -> set[str]:
+        fields = {*BASE_FIELDS, self.domain_key}
+        pipeline = self.dataflex.pipeline
+        if pipeline is not None and pipeline.event == event:
+            wanted = {*pipeline.scorer.requires, *pipeline.actuator.requires} - set(LABEL_FIELDS)
+            fields |= wanted & EVENT_FIELDS[event]
+        return fields
+
+    def _emit(self, event: str, meta: KVBatchMeta,
+              extra_fields: Iterable[str] = ()) -> tuple[Decision, Batch, TensorDict]:
+        """Read the batch from TQ, emit ``event`` on the bus and return the decision."""
+        data = fetch(meta, self._event_fields(event) | set(extra_fields))
+        if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
+            raise BatchFieldError("dataflex verl adapter", ",".join(sorted(self._event_fields(event))),
+                                  f"TransferQueue returned no rows for {len(meta.keys)} keys at {event}: a field "
+                                  "is present on only some keys")
+        batch = to_batch(data, meta.tags, domain_key=self.domain_key,
+                         meta={"global_steps": self.global_steps, "event": event})
+        if self.dataflex.mechanism == "mix" and batch.domain_ids is None:
+            raise BatchFieldError("dataflex mix", self.domain_key,
+                                  "the trajectories in TransferQueue carry no domain label; set "
+                                  "dataflex.domain_key to a dataset column")
+        return self.dataflex.emit(event, batch, self._step_index()), batch, data
+
+    def _balance_batch(self, batch: KVBatchMeta, metrics: dict, *args: Any, **kwargs: Any) -> KVBatchMeta:
+        """on_rollout, then verl's padding and sequence balancing on what is left."""
+        self._skip_update = False
+        batch = self._on_rollout(batch, metrics)
+        return super()._balance_batch(batch, metrics, *args, **kwargs)
+
+    def _on_rollout(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        decision, batch, _ = self._emit("on_rollout", meta)
+        metrics.update(rollout_metrics(batch))
+        metrics.update(decision.metrics)
+        if decision.weights is not None or decision.advantages is not None:
+            raise DataflexError("dataflex: weights/advantages were decided at on_rollout, before verl computes "
+                                "advantages; the pipeline should have run at on_advantage")
+        keep = decision.keep
+        if decision.skip_update or (keep is not None and not bool(keep.any())):
+            # Never hand verl an empty batch: keep one group for the (cheap) forward passes and skip
+            # the update of this step (on_empty=skip).
+            keep = first_group(batch)
+            self._skip_update = True
+        if keep is None or bool(keep.all()):
+            return meta
+        flags = keep.tolist()
+        kept = list(itertools.compress(meta.keys, flags))
+        dropped = [k for k, f in zip(meta.keys, flags) if not f]
+        tq.kv_clear(keys=dropped, partition_id=meta.partition_id)
+        metrics["dataflex/removed_rows"] = float(len(dropped))
+        return meta.select_keys(kept)
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
+        meta = super()._compute_advantage(batch, metrics)
+        extra = ["loss_mask", "advantages"]
+        if "rollout_is_weights" in (meta.fields or []):
+            extra.append("rollout_is_weights")
+        decision, view, data = self._emit("on_advantage", meta, extra)
+        metrics.update(decision.metrics)
+        if decision.skip_update:
+            self._skip_update = True
+            return meta
+        out = self._advantage_writes(decision, view, data["response_mask"])
+        if not out:
+            return meta
+        new_meta = put(meta, out)
+        # TQ's meta carries the stored fields; keep the batch-level info verl attached to the old one.
+        new_meta.extra_info = {**(meta.extra_info or {}), **(new_meta.extra_info or {})}
+        return new_meta
+
+    @staticmethod
+    def _advantage_writes(decision: Decision, view: Batch, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Nested tensors to write back for every key (padding rows included)."""
+        out: dict[str, torch.Tensor] = {}
+        valid = view.valid_rows[:, None]
+        if decision.weights is not None:
+            w = decision.weights.to(torch.float32)
+            if "rollout_is_weights" in view.fields:
+                w = view["rollout_is_weights"].to(torch.float32) * w  # multiply verl's IS weights, never replace
+            out["rollout_is_weights"] = to_nested(w, response_mask)
+        advantages = None
+        if decision.advantages is not None:
+            advantages = torch.where(valid, decision.advantages.to(view["advantages"].dtype), view["advantages"])
+        if decision.keep is not None:
+            drop = (view.valid_rows & ~decision.keep)[:, None]
+            if bool(drop.any()):
+                # A real drop: token-mean renormalises over kept tokens, entropy/KL skip the rows.
+                out["response_mask"] = to_nested(view["response_mask"].masked_fill(drop, 0), response_mask)
+                out["loss_mask"] = to_nested(view["loss_mask"].masked_fill(drop, 0), response_mask)
+                advantages = (view["advantages"] if advantages is None else advantages).masked_fill(drop, 0)
+        if advantages is not None:
+            out["advantages"] = to_nested(advantages, response_mask)
+        return out
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        metrics["dataflex/skipped_update"] = float(self._skip_update)
+        if self._skip_update:
+            log.warning("dataflex: step %d kept no sample; skipping the actor update (dataflex.on_empty=skip)",
+                        self.global_steps)
+            return batch
+        return super()._update_actor(batch, metrics)
+
+    def _update_critic(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if self._skip_update:
+            return batch
+        return super()._update_critic(batch, metrics)
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        """verl's step, then on_step_end (before fit() checkpoints, so the state includes this step)."""
+        self._drawn = {}
+        batch = super().step(metrics, timing_raw)
+        decision, _, _ = self._emit("on_step_end", batch)
+        metrics.update(decision.metrics)
+        for name, count in self._drawn.items():
+            metrics[f"dataflex/drawn/{name}"] = float(count)
+        return batch
+
+    # ------------------------------------------------------------------ mix
+    def _init_dataloader(self) -> None:
+        super()._init_dataloader()
+        pipeline = self.dataflex.pipeline
+        if pipeline is None or pipeline.config.mechanism != "mix":
+            return
+        frame = self.train_dataset.dataframe
+        if self.domain_key not in frame.column_names:
+            raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {self.domain_key!r} is not in the "
+                                          "training dataset", frame.column_names))
+        seed = self.config.data.get("seed", None)
+        self.domain_sampler = DomainSampler(list(frame[self.domain_key]), domains=pipeline.config.domains,
+                                            seed=0 if seed is None else int(seed))
+        pipeline.set_domains(self.domain_sampler.domains)
+
+    def _fetch_one_gen_batch(self) -> TensorDict:
+        """One ``gen_batch_size`` chunk of prompts drawn by the current domain probabilities."""
+        if self.domain_sampler is None:
+            return super()._fetch_one_gen_batch()
+        n = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
+        rows, picks = self.domain_sampler.draw(n, self.dataflex.pipeline.domain_probabilities())
+        for d, count in enumerate(torch.bincount(picks, minlength=len(self.domain_sampler.domains)).tolist()):
+            name = self.domain_sampler.domains[d]
+            self._drawn[name] = self._drawn.get(name, 0) + count
+        batch_dict = collate_fn([self.train_dataset[i] for i in rows.tolist()])
+        batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(n)], dtype=object)
+        return tu.get_tensordict(batch_dict)
+
+    # ------------------------------------------------------------------ checkpoints
+    def dataflex_state_dict(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "dataflex_bus": __version__,
+            "global_steps": self.global_steps,
+            "runtime": self.dataflex.state_dict(),
+            "sampler": self.domain_sampler.state_dict() if self.domain_sampler is not None else None,
+        }
+
+    def load_dataflex_state(self, state: Mapping[str, Any]) -> None:
+        self.dataflex.load_state_dict(state["runtime"])
+        saved = state.get("sampler")
+        if (saved is None) != (self.domain_sampler is None):
+            raise ConfigError(ConfigIssue("dataflex.mechanism", "the checkpoint and this run disagree on whether "
+                                          "prompts are drawn by domain (mix)"))
+        if saved is not None and self.domain_sampler is not None:
+            self.domain_sampler.load_state_dict(saved)
+
+    def _step_folder(self) -> str:
+        return os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+
+    def _save_checkpoint(self) -> None:
+        # Before verl's save: verl writes latest_checkpointed_iteration.txt last, so a checkpoint the
+        # tracker points to always holds our state too.
+        folder = self._step_folder()
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self.dataflex_state_dict(), os.path.join(folder, STATE_FILE))
+        super()._save_checkpoint()
+
+    def _resume_folder(self) -> str | None:
+        """The folder verl's ``_load_checkpoint`` resumed from (same resolution rules)."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "auto":
+            root = trainer.default_local_dir
+            return find_latest_ckpt_path(root if os.path.isabs(root) else os.path.join(os.getcwd(), root))
+        if trainer.resume_mode == "resume_path":
+            path = trainer.resume_from_path
+            return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+        return None
+
+    def _load_checkpoint(self) -> None:
+        super()._load_checkpoint()
+        if self.global_steps <= 0:
+            return
+        folder = self._resume_folder()
+        path = os.path.join(folder, STATE_FILE) if folder else None
+        if path is None or not os.path.exists(path):
+            log.warning("dataflex: resumed verl at step %d but found no %s in %s; the dataflex method starts "
+                        "fresh", self.global_steps, STATE_FILE, folder)
+            return
+        # Our own file, written by _save_checkpoint: plain containers and tensors (generator state).
+        self.load_dataflex_state(torch.load(path, weights_only=False))
+        log.info("dataflex: restored method state from %s", path)
+
+
+register_trainer(TRAINER_MODE)(DataflexSyncTrainer)

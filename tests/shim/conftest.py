@@ -1,0 +1,44 @@
+import copy
+
+import pytest
+
+from . import comps
+
+#: A run small enough for unit tests (well under a second per step).
+TINY = {
+    "trainer": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "eval_every": 0, "save_every": 1},
+    "model": {"hidden": 16, "pretrain_steps": 5},
+}
+
+
+def tiny(dataflex=None, **sections):
+    cfg = copy.deepcopy(TINY)
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    if dataflex is not None:
+        cfg["dataflex"] = dataflex
+    return cfg
+
+
+@pytest.fixture
+def shim_components():
+    comps.register()
+    yield
+    comps.unregister()
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Every Runtime the shim builds gets a recording observer on its bus."""
+    from dataflex_bus.runtime import Runtime
+    from dataflex_bus.shim import trainer
+
+    rec = comps.Recorder()
+
+    class Recording(Runtime):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.bus.add_observer(rec, "recorder")
+
+    monkeypatch.setattr(trainer, "Runtime", Recording)
+    return rec

@@ -1,0 +1,90 @@
+"""Hydra compose of verl's ppo_trainer with the seed's overrides, and the trainer built in sync mode."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.verl
+
+SEED = [
+    "+dataflex.mechanism=select",
+    "+dataflex.scorer.name=group_solve_rate",
+    "+dataflex.scorer.params.success_threshold=0.5",
+    "+dataflex.actuator.name=threshold_band",
+    "+dataflex.actuator.params.low=0.2",
+    "+dataflex.actuator.params.high=0.8",
+    "+dataflex.warmup_step=0",
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    pytest.importorskip("verl")
+    import verl_harness as H
+
+    return H.write_dataset(tmp_path_factory.mktemp("data") / "train.parquet", {"math": 8, "code": 8})
+
+
+def build(data, tmp_path, extra):
+    import verl_harness as H
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    cfg = H.compose(H.base_overrides(data, tmp_path / "ckpt") + extra)
+    return cfg, get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)
+
+
+def test_seed_quick_start_validates_and_builds_in_sync_mode(data, tmp_path):
+    import verl_harness as H
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.utils.config import validate_config
+
+    from dataflex_bus.verl.trainer import DataflexSyncTrainer
+
+    cfg, trainer = build(data, tmp_path, SEED)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert isinstance(trainer, DataflexSyncTrainer)
+    assert cfg.trainer.v1.trainer_mode == "dataflex_sync"
+    assert trainer.trainer_mode == "sync"
+    assert type(trainer.replay_buffer) is ReplayBuffer  # not ReplayBufferAsync
+    assert trainer.replay_buffer.gen_batch_size == cfg.data.train_batch_size
+    assert trainer.dataflex.pipeline.label == "select:group_solve_rate+threshold_band"
+    assert trainer.dataflex.pipeline.event == "on_rollout"
+    # the real dataloader set-up does not force gen_batch_size=1 (it would in any non-"sync" mode)
+    trainer.tokenizer, trainer.processor = H.StubTokenizer(), None
+    trainer._init_dataloader()
+    assert cfg.data.get("gen_batch_size", None) in (None, cfg.data.train_batch_size)
+    assert trainer.train_dataloader.batch_size == cfg.data.train_batch_size
+
+
+def test_without_dataflex_block_runs_plain_grpo(data, tmp_path):
+    _, trainer = build(data, tmp_path, [])
+    assert trainer.dataflex.pipeline is None and trainer.trainer_mode == "sync"
+
+
+def test_invalid_block_fails_at_construction_naming_the_key(data, tmp_path):
+    from dataflex_bus.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"dataflex\.actuator\.name"):
+        build(data, tmp_path, [*SEED[:3], "+dataflex.actuator.name=no_such_selector"])
+    with pytest.raises(ConfigError, match=r"dataflex\.bogus: unknown key"):
+        build(data, tmp_path, [*SEED, "+dataflex.bogus=1"])
+
+
+def test_group_method_refused_for_non_group_estimator(data, tmp_path):
+    from dataflex_bus.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not group-based"):
+        build(data, tmp_path, [*SEED, "algorithm.adv_estimator=reinforce_plus_plus"])
+
+
+def test_reweight_refused_when_verl_ignores_the_weights(data, tmp_path, verl_components):
+    from dataflex_bus.errors import ConfigError
+
+    reweight = ["+dataflex.mechanism=reweight", "+dataflex.scorer.name=vt_reward",
+                "+dataflex.actuator.name=vt_domain_weight", "+dataflex.actuator.params.domain=math",
+                "+dataflex.actuator.params.weight=2.0"]
+    with pytest.raises(ConfigError, match=r"bypass_mode.*ignores rollout_is_weights"):
+        build(data, tmp_path, [*reweight, "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"])
+    _, trainer = build(data, tmp_path, [*reweight, "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"])
+    assert trainer.dataflex.mechanism == "reweight"  # geo_mean: warned, not refused

@@ -1,0 +1,342 @@
+"""A semi-end-to-end CPU harness around the real ``dataflex_sync`` trainer (verl 0.9.1).
+
+Real: the composed ``ppo_trainer`` config, the registered trainer class and its ``__init__``, verl's
+``fit``/``step``/``_step_once``, the sync ReplayBuffer (DAPO included), ``_balance_batch`` padding,
+``_compute_old_log_prob``, ``_compute_advantage`` with rollout correction, ``_update_actor``,
+``_compute_metrics``, ``_save_checkpoint``/``_load_checkpoint``, the RLHFDataset and TransferQueue, and
+verl's ``ppo_loss`` on a tiny random Llama.
+
+Faked (no GPU here, no CPU rollout backend in verl 0.9.1): the agent loop (:class:`FakeAgentLoop`
+writes trajectories and tags the way ``AgentLoopWorkerTQ`` does) and the actor worker group
+(:class:`FakeActorWG` turns the meta into exactly what a worker receives, through verl's own
+``kv_batch_meta2batch_meta`` + ``_meta_to_realdata``), plus stubs for tokenizer, reward loop,
+checkpoint engine and resource pools.
+
+Rewards are a fixed function of the dataset row and session id (never of the random uid), so every
+method decision is reproducible across runs and resumes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: domain -> which sessions (of n=4) succeed: math solves half, logic a quarter, code nothing.
+SOLVED = {"math": (0, 2), "logic": (0,), "code": ()}
+
+
+def write_dataset(path: Path, domains: dict[str, int]) -> Path:
+    """A parquet file in verl's RL format with ``domains[name]`` rows per domain."""
+    import pandas as pd
+
+    rows = []
+    for name, count in domains.items():
+        for _ in range(count):
+            i = len(rows)
+            rows.append({
+                "data_source": name,
+                "prompt": [{"role": "user", "content": f"{name} question {i}"}],
+                "ability": name,
+                "reward_model": {"style": "rule", "ground_truth": str(i)},
+                "extra_info": {"index": i, "split": "train"},
+            })
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def compose(overrides: list[str]):
+    """verl's ``ppo_trainer`` config composed with Hydra, as ``main_ppo`` does."""
+    import verl.trainer.main_ppo as main_ppo
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def base_overrides(data: Path, ckpt: Path, *, steps: int = 2, batch: int = 4, mini: int = 2,
+                   n: int = 4) -> list[str]:
+    """A tiny GRPO run that passes verl's ``validate_config`` on a CPU box."""
+    return [
+        "trainer.v1.trainer_mode=dataflex_sync",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"data.train_batch_size={batch}",
+        "data.dataloader_num_workers=0",
+        "data.filter_overlong_prompts=False",
+        "data.max_prompt_length=64",
+        "data.max_response_length=16",
+        "data.seed=7",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0.0",
+        "actor_rollout_ref.actor.shuffle=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.model.path=/nonexistent/tiny-llama",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=[]",
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.resume_mode=auto",
+        "trainer.project_name=dataflex-test",
+        "trainer.experiment_name=semi-e2e",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+
+
+# ---------------------------------------------------------------------------- stubs
+class StubTokenizer:
+    eos_token_id = 1
+    pad_token_id = 0
+
+
+class StubReward:
+    # Non-None: rewards come from the agent loop (streaming path), no colocated reward model.
+    reward_loop_worker_handles: list[Any] = ["agent-loop-reward"]
+
+
+class StubCheckpointEngine:
+    def __init__(self) -> None:
+        self.updates: list[int] = []
+
+    def update_weights(self, global_steps: int | None = None) -> None:
+        self.updates.append(global_steps)
+
+    def sleep_replicas(self) -> None:
+        return None
+
+
+class StubPools:
+    def get_n_gpus(self) -> int:
+        return 1
+
+
+# ---------------------------------------------------------------------------- fake rollout
+class FakeAgentLoop:
+    """Writes ``n`` trajectories per prompt into TQ like ``AgentLoopWorkerTQ`` and finishes the prompt."""
+
+    def __init__(self, n: int, events: list[str]) -> None:
+        self.n = n
+        self.events = events
+        self.generated_domains: list[list[str]] = []
+
+    def generate_sequences(self, batch) -> None:
+        import transfer_queue as tq
+        from tensordict.tensorclass import NonTensorData, NonTensorStack
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.events.append("generate")
+        size = len(batch)
+        prompts: list[dict[str, Any]] = [{} for _ in range(size)]
+        for k, v in batch.items():
+            for i in range(size):
+                if isinstance(v, torch.Tensor):
+                    prompts[i][k] = v[i]
+                elif isinstance(v, NonTensorStack):
+                    prompts[i][k] = v[i].data
+                elif isinstance(v, NonTensorData):
+                    prompts[i][k] = v.data
+        self.generated_domains.append([p["data_source"] for p in prompts])
+        for p in prompts:
+            uid, row, domain = p["uid"], int(p["extra_info"]["index"]), p["data_source"]
+            tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
+            keys, fields, tags = [], [], []
+            for s in range(self.n):
+                plen, rlen = 3 + row % 3, 2 + (row + s) % 4
+                prompt = torch.tensor([(row * 7 + j) % 120 + 2 for j in range(plen)], dtype=torch.int64)
+                resp = torch.tensor([(row * 11 + s * 5 + j) % 120 + 2 for j in range(rlen)], dtype=torch.int64)
+                rm = torch.zeros(rlen, dtype=torch.float32)
+                rm[-1] = 1.0 if s in SOLVED[domain] else 0.0
+                mask = torch.ones(rlen, dtype=torch.int64)
+                step = int(p["global_steps"])
+                field = {k: v for k, v in p.items()}
+                field.update(
+                    prompts=prompt, responses=resp, response_mask=mask, loss_mask=mask,
+                    rollout_log_probs=torch.full((rlen,), -2.0), rm_scores=rm, num_turns=2,
+                    input_ids=torch.cat([prompt, resp]), position_ids=torch.arange(plen + rlen),
+                    extra_fields={"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
+                    session_id=s,
+                )
+                keys.append(f"{uid}_{s}_0")
+                fields.append(field)
+                tags.append({"status": "success", "prompt_len": plen, "response_len": rlen,
+                             "seq_len": plen + rlen, "global_steps": step,
+                             "min_global_steps": step, "max_global_steps": step})
+            tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+            tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+
+
+# ---------------------------------------------------------------------------- fake actor worker group
+def tiny_model(seed: int = 0):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def worker_view(meta):
+    """Exactly what a verl worker receives for ``meta`` (the tqbridge conversion)."""
+    from verl.utils.transferqueue_utils import _meta_to_realdata, kv_batch_meta2batch_meta
+
+    return _meta_to_realdata(kv_batch_meta2batch_meta(meta))
+
+
+def sequence_log_probs(model, input_ids_nested: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position log-prob of the next token and entropy, as nested tensors with input_ids' offsets."""
+    lengths = input_ids_nested.offsets().diff()
+    ids = input_ids_nested.to_padded_tensor(0)
+    width = ids.shape[1]
+    attn = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    nxt = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
+    token_logp = logp.gather(-1, nxt[..., None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    valid = attn.bool()
+    offsets, longest = input_ids_nested.offsets(), int(lengths.max())
+    return (torch.nested.nested_tensor_from_jagged(token_logp[valid], offsets=offsets, max_seqlen=longest),
+            torch.nested.nested_tensor_from_jagged(entropy[valid], offsets=offsets, max_seqlen=longest))
+
+
+class FakeActorWG:
+    """The actor worker group: compute_log_prob and update_actor on a tiny Llama with verl's ppo_loss."""
+
+    def __init__(self, config, events: list[str], seed: int = 0) -> None:
+        from verl.utils.config import omega_conf_to_dataclass
+
+        self._dispatch_info = {"actor": [0]}
+        self.actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        self.model = tiny_model(seed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.events = events
+        self.log_prob_keys: list[list[str]] = []
+        self.updates: list[dict[str, Any]] = []
+
+    def _query_dispatch_info(self, role: str):
+        return [0]
+
+    def compute_log_prob(self, meta):
+        import transfer_queue as tq
+        from tensordict import TensorDict
+
+        self.events.append("compute_log_prob")
+        self.log_prob_keys.append(list(meta.keys))
+        data = worker_view(meta)
+        with torch.no_grad():
+            logp, ent = sequence_log_probs(self.model, data["input_ids"])
+        return tq.kv_batch_put(keys=list(meta.keys), partition_id=meta.partition_id,
+                               fields=TensorDict({"log_probs": logp, "entropy": ent}, batch_size=len(meta.keys)))
+
+    def update_actor(self, meta):
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.losses import ppo_loss
+
+        self.events.append("update_actor")
+        data = worker_view(meta)
+        info = meta.extra_info
+        record = {"keys": list(meta.keys), "fields": sorted(data.keys()), "losses": [], "mini_batch_sizes": [],
+                  "is_padding": [bool(t.get("is_padding", False)) for t in meta.tags]}
+        for name in ("rollout_is_weights", "response_mask", "loss_mask", "advantages"):
+            if name in data.keys():
+                record[name] = data[name].to_padded_tensor(-1.0 if name != "response_mask" else -1)
+        mini = int(info["mini_batch_size"])
+        pg_losses = []
+        for mb in tu.make_iterator(data, mini_batch_size=mini, epochs=int(info["epochs"]), seed=int(info["seed"]),
+                                   dataloader_kwargs=dict(info["dataloader_kwargs"])):
+            tu.assign_non_tensor(mb, dp_size=1, batch_num_tokens=mb["loss_mask"].values().sum(),
+                                 global_batch_size=mini)
+            logp, ent = sequence_log_probs(self.model, mb["input_ids"])
+            loss, metrics = ppo_loss(self.actor_config, {"log_probs": logp, "entropy": ent}, mb)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            pg_losses.append(float(metrics["actor/pg_loss"].values[0]))
+            record["losses"].append(float(loss))
+            record["mini_batch_sizes"].append(mb.batch_size[0])
+        self.updates.append(record)
+        return {"metrics": {"pg_loss": pg_losses, "mfu": [0.0]}}
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        os.makedirs(local_path, exist_ok=True)
+        torch.save({"model": self.model.state_dict(), "optim": self.optimizer.state_dict()},
+                   os.path.join(local_path, "fake_actor.pt"))
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        state = torch.load(os.path.join(local_path, "fake_actor.pt"), weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+
+
+# ---------------------------------------------------------------------------- the run
+class Run:
+    """One trainer built from ``overrides`` with the fakes wired in (what ``TaskRunnerV1.run`` does)."""
+
+    def __init__(self, overrides: list[str]) -> None:
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        self.config = compose(overrides)
+        self.events: list[str] = []
+        self.trainer = get_trainer_cls(self.config.trainer.v1.trainer_mode)(self.config)
+        self._spy_events()
+
+    def _spy_events(self) -> None:
+        """Record each bus event in ``self.events`` (wraps the runtime's emit, behaviour unchanged)."""
+        runtime = self.trainer.dataflex
+        emit = runtime.emit
+        self.decisions: list[tuple[str, Any]] = []
+
+        def spy(event, batch, step):
+            self.events.append(event)
+            decision = emit(event, batch, step)
+            self.decisions.append((event, decision, batch))
+            return decision
+
+        runtime.emit = spy
+
+    def setup(self) -> Run:
+        """``PPOTrainer._setup`` minus the GPU resources."""
+        t = self.trainer
+        t.tokenizer, t.processor = StubTokenizer(), None
+        t._init_dataloader()
+        t._init_dump_executor()
+        t.resource_pool_manager = StubPools()
+        t.ref_in_actor = False
+        t.actor_rollout_wg = FakeActorWG(self.config, self.events)
+        t.reward_loop_manager = StubReward()
+        t.teacher_model_manager, t.distillation_config = None, None
+        t.checkpoint_manager = StubCheckpointEngine()
+        t.checkpoint_manager.sleep_replicas()
+        t._load_checkpoint()
+        t.on_init_end()
+        return self
+
+    def fit(self) -> Run:
+        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events)
+        self.logged: list[dict[str, Any]] = []
+        trainer = self.trainer
+        original = trainer._compute_metrics
+
+        def capture(batch, metrics, *args, **kwargs):
+            out = original(batch, metrics, *args, **kwargs)
+            self.logged.append(dict(metrics))
+            return out
+
+        trainer._compute_metrics = capture
+        trainer.fit(self.agent_loop)
+        return self
