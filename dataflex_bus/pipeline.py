@@ -363,12 +363,14 @@ class Pipeline:
             if policy == "error":
                 raise DataflexError(f"selector {self.actuator.name!r} kept no row at step {step} "
                                     "(dataflex.on_empty=error)")
+            n = self.counters["empty_selections"]
+            # Warn on the 1st, 2nd, 4th, 8th ... empty step: visible, counted, but no log flood.
+            if n & (n - 1) == 0:
+                action = "keeping all rows" if policy == "keep_all" else "skipping this step's update"
+                log.warning("dataflex: %s kept no row at step %d; %s (on_empty=%s; %d empty step(s) so far, "
+                            "counted in dataflex/empty_selection)", self.actuator.name, step, action, policy, n)
             if policy == "keep_all":
-                log.warning("dataflex: %s kept no row at step %d; keeping all rows (on_empty=keep_all)",
-                            self.actuator.name, step)
                 return
-            log.warning("dataflex: %s kept no row at step %d; skipping this step's update (on_empty=skip)",
-                        self.actuator.name, step)
             decision.skip_update = True
         else:
             metrics["dataflex/empty_selection"] = 0.0
@@ -378,56 +380,13 @@ class Pipeline:
             decision.advantages = sel.advantages
 
     def _apply_reweight(self, batch: Batch, score: Score, step: int, decision: Decision) -> None:
-        import torch
-
         assert isinstance(self.actuator, Reweighter)
         out = self._call("actuator", self.actuator.reweight, batch, score, step)
-        w = out.weights
-        tm = batch.token_mask
-        who = f"reweighter {self.actuator.name!r}"
-        if tuple(w.shape) not in ((len(batch),), tuple(tm.shape)):
-            raise BatchFieldError(who, "weights",
-                                  f"expected shape {tuple(tm.shape)} or ({len(batch)},), got {tuple(w.shape)}")
-        lengths = batch.lengths
-        n_real = int(lengths.sum())
-        bad_weights = "weights must be finite and non-negative on real tokens"
-        if w.dim() == 1:
-            # Row weights: check and summarise on [B] (each row counted once per real token), expand once.
-            has_tokens = lengths > 0
-            wr, lr = w[has_tokens].double(), lengths[has_tokens].double()
-            if wr.numel() and (not bool(torch.isfinite(wr).all()) or bool((wr < 0).any())):
-                raise BatchFieldError(who, "weights", bad_weights)
-            stats = None
-            if n_real:
-                total, sq = float((wr * lr).sum()), float((wr * wr * lr).sum())
-                stats = (total, sq, float(wr.max()), float(wr.min()))
-            w = torch.where(tm, w.to(torch.float32)[:, None], 1.0)
-        else:
-            # Token weights: fill non-real tokens with one real token's own weight, so whole-tensor
-            # reductions (cheap, no [B, T] copy) give the real tokens' min/max; sums are corrected.
-            w = w.to(torch.float32)
-            stats = None
-            if n_real:
-                row = int(torch.nonzero(lengths > 0)[0])
-                fill = w[row][tm[row]][0]
-                wf = torch.where(tm, w, fill)
-                lo, hi = torch.aminmax(wf)
-                if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))) or float(lo) < 0:
-                    raise BatchFieldError(who, "weights", bad_weights)
-                n_fill = wf.numel() - n_real
-                f = float(fill)
-                # Row-wise float32 reductions, combined in float64 (a float64 whole-tensor sum would copy).
-                total = float(wf.sum(-1).double().sum()) - f * n_fill
-                sq = float(torch.linalg.vector_norm(wf, dim=-1).double().square().sum()) - f * f * n_fill
-                stats = (total, sq, float(hi), float(lo))
-                # In place on our own copy (no [B, T] ~mask temporary): non-real tokens -> 1.
-                w = torch.where(tm, wf, torch.ones((), dtype=wf.dtype), out=wf)
-            else:
-                w = torch.ones_like(w)
+        w, stats = _neutral_weights(out.weights, batch, f"reweighter {self.actuator.name!r}")
         decision.weights = w if decision.weights is None else decision.weights * w
         metrics = decision.metrics
         if stats is not None:
-            total, sq, hi, lo = stats
+            n_real, total, sq, hi, lo = stats
             mean = total / n_real
             var = max(sq - n_real * mean * mean, 0.0) / (n_real - 1) if n_real > 1 else 0.0
             metrics["dataflex/weight_mean"] = mean
@@ -493,5 +452,50 @@ class Pipeline:
         self.domain_probs = state.get("domain_probs")
         self.counters.update(state.get("counters") or {})
 
+
+
+_BAD_WEIGHTS = "weights must be finite and non-negative on real tokens"
+
+
+def _neutral_weights(w: Tensor, batch: Batch, who: str) -> tuple[Tensor, tuple[int, float, float, float, float] | None]:
+    """Check a reweighter's ``[B]`` or ``[B, T]`` weights on real tokens and expand them to ``[B, T]`` float32
+    with 1 on every other token. Returns the weights and ``(n_real, sum, sum of squares, max, min)`` over
+    real tokens (``None`` without real tokens), computed without boolean-indexed ``[B, T]`` copies: this
+    runs on every step of a reweight method, on the largest tensors of the batch."""
+    import torch
+
+    tm = batch.token_mask
+    if tuple(w.shape) not in ((len(batch),), tuple(tm.shape)):
+        raise BatchFieldError(who, "weights",
+                              f"expected shape {tuple(tm.shape)} or ({len(batch)},), got {tuple(w.shape)}")
+    lengths = batch.lengths
+    n_real = int(lengths.sum())
+    if w.dim() == 1:
+        # Row weights: check and summarise on [B] (each row counted once per real token), expand once.
+        has_tokens = lengths > 0
+        wr, lr = w[has_tokens].double(), lengths[has_tokens].double()
+        if wr.numel() and (not bool(torch.isfinite(wr).all()) or bool((wr < 0).any())):
+            raise BatchFieldError(who, "weights", _BAD_WEIGHTS)
+        stats = None
+        if n_real:
+            stats = (n_real, float((wr * lr).sum()), float((wr * wr * lr).sum()), float(wr.max()), float(wr.min()))
+        return torch.where(tm, w.to(torch.float32)[:, None], 1.0), stats
+    w = w.to(torch.float32)
+    if not n_real:
+        return torch.ones_like(w), None
+    # Token weights: fill non-real tokens with one real token's own weight, so whole-tensor reductions
+    # give the real tokens' min/max exactly; the sums are corrected for the fill.
+    row = int(torch.nonzero(lengths > 0)[0])
+    fill = w[row][tm[row]][0]
+    wf = torch.where(tm, w, fill)
+    lo, hi = torch.aminmax(wf)
+    if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))) or float(lo) < 0:
+        raise BatchFieldError(who, "weights", _BAD_WEIGHTS)
+    n_fill, f = wf.numel() - n_real, float(fill)
+    # Row-wise float32 reductions, combined in float64 (a float64 whole-tensor sum would copy).
+    total = float(wf.sum(-1).double().sum()) - f * n_fill
+    sq = float(torch.linalg.vector_norm(wf, dim=-1).double().square().sum()) - f * f * n_fill
+    # In place on our own copy (no [B, T] ~mask temporary): non-real tokens -> 1.
+    return torch.where(tm, wf, torch.ones((), dtype=wf.dtype), out=wf), (n_real, total, sq, float(hi), float(lo))
 
 assert set(EVENTS) == set(EVENT_FIELDS)

@@ -171,3 +171,14 @@ def test_decision_keep_combines_with_and(toys):
     d.keep = torch.tensor([True, True, False, True, True, True, True, True])
     pipe.apply(toy_batch(), 0, d)
     assert d.keep.tolist() == [True, False, False, True, False, False, True, False]
+
+
+def test_empty_selection_warnings_do_not_flood(toys, caplog):
+    pipe = build_pipeline({**select_block(low=0.9, high=1.0)})
+    batch = toy_batch(rewards=(0,) * 8)
+    with caplog.at_level(logging.WARNING, logger="dataflex_bus"):
+        for step in range(9):
+            assert pipe.apply(batch, step).skip_update
+    warned = [r.getMessage() for r in caplog.records if "kept no row" in r.getMessage()]
+    assert [w.split(" at step ")[1].split(";")[0] for w in warned] == ["0", "1", "3", "7"]
+    assert "4 empty step(s) so far" in warned[2] and pipe.counters["empty_selections"] == 9
