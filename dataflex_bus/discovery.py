@@ -148,7 +148,7 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
             raise
         record.components = register.specs
         record.module = module
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() must not end the host
         record.status = FAILED
         record.error = f"{type(exc).__name__}: {exc}"
         record.components = []

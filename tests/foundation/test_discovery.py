@@ -198,3 +198,57 @@ def test_cli_plugins_never_imports_torch(packs):
     env.pop("DATAFLEX_LOAD_PLUGINS", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_installed_observer_plugins_watch_the_run_and_are_isolated(tmp_path, monkeypatch, caplog):
+    """A pack implementing event hooks is an observer of every run; one that raises does not stop it."""
+    import logging
+
+    import torch
+
+    from dataflex_bus import Batch, Runtime
+
+    log_file = tmp_path / "events.txt"
+    make_dist(tmp_path, "dataflex-watch", "0.2.0", {
+        "watch_pack.plugin": f"""
+from dataflex_bus import hookimpl
+
+@hookimpl
+def on_rollout(batch, step):
+    open({str(log_file)!r}, "a").write(f"rollout {{step}} {{len(batch)}}\\n")
+
+@hookimpl
+def on_step_end(step, decision):
+    open({str(log_file)!r}, "a").write(f"end {{step}}\\n")
+""",
+        "exit_pack.plugin": "import sys\nsys.exit(3)\n",
+        "boom_pack.plugin": """
+from dataflex_bus import hookimpl
+
+@hookimpl
+def on_rollout(batch):
+    raise RuntimeError("observer exploded")
+""",
+    }, {"watch": "watch_pack.plugin", "boom": "boom_pack.plugin", "exits": "exit_pack.plugin"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DATAFLEX_STRICT_PLUGINS", "0")
+    monkeypatch.setenv("DATAFLEX_LOAD_PLUGINS", "dataflex-watch")
+    forget_modules("watch_pack", "boom_pack", "exit_pack")
+    try:
+        plugin_set = discover()
+        assert _by_name(plugin_set)["exits"].status == FAILED
+        assert "SystemExit" in _by_name(plugin_set)["exits"].error
+        runtime = Runtime(None, plugins=plugin_set)
+        assert sorted(runtime.bus.observers) == ["boom", "watch"]
+        batch = Batch.from_tensors(uid=["a", "a"], rm_scores=torch.zeros(2, 3), response_mask=torch.ones(2, 3))
+        logger = logging.getLogger("dataflex_bus")
+        logger.addHandler(caplog.handler)
+        try:
+            for event in ("on_rollout", "on_advantage", "on_step_end"):
+                runtime.emit(event, batch, 7)
+        finally:
+            logger.removeHandler(caplog.handler)
+        assert log_file.read_text() == "rollout 7 2\nend 7\n"
+        assert "observer 'boom' failed in on_rollout" in caplog.text
+    finally:
+        forget_modules("watch_pack", "boom_pack", "exit_pack")
