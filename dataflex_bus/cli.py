@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="training steps for each run")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the config's seed)")
     p.add_argument("--out", default="runs/compare", help="output directory for runs, plot and table")
-    p.add_argument("--force", action="store_true", help="re-run configs whose run directory exists")
+    p.add_argument("--force", action="store_true",
+                   help="replace run directories written with another config (identical finished runs are reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")

@@ -23,6 +23,9 @@ from .errors import DataflexError
 #: Lowercase words of letters and digits joined by single ``-`` or ``_``, starting with a letter.
 NAME_RE = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 PREFIX = "dataflex-"
+#: Names whose pack would be dataflex-bus itself: ``dataflex-bus`` / ``dataflex_bus`` and the first-party
+#: ``dataflex_plugins`` package; installing such a pack would replace or shadow the bus.
+RESERVED = frozenset({"bus", "plugins"})
 
 
 class TemplateError(DataflexError):
@@ -57,6 +60,9 @@ def pack_names(name: str) -> PackNames:
             f"invalid plugin name {name!r}: use lowercase letters and digits, words joined by '-' or '_', "
             f"starting with a letter (e.g. 'my-scorer'); the pack becomes dataflex-<name>")
     component = raw.replace("-", "_")
+    if component in RESERVED:
+        raise TemplateError(f"invalid plugin name {name!r}: dataflex-{component.replace('_', '-')} / "
+                            f"dataflex_{component} belong to dataflex-bus itself; choose another name")
     cls = "".join(part.capitalize() for part in component.split("_"))
     if keyword.iskeyword(component) or not cls.isidentifier():
         raise TemplateError(f"invalid plugin name {name!r}: {component!r} is not usable as a Python name")

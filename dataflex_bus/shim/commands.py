@@ -113,6 +113,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     plans: list[tuple[str, list[tuple[Path, dict[str, Any] | None, dict[str, Any] | None]]]] = []
     labels: set[str] = set()
+    seeds_of: dict[str, list[int]] = {}
     # Validate everything first: a typo in the third config must not cost the first two runs.
     for item in args.configs:
         path = Path(item)
@@ -121,6 +122,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise ConfigError(ConfigIssue(item, f"two inputs share the label {label!r}; rename one"))
         labels.add(label)
         if path.is_dir():
+            record, _ = _read_run(path)
+            seeds_of[label] = [record.get("seed")]
             plans.append((label, [(path, None, None)]))
             continue
         config = load_config(path)
@@ -129,11 +132,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         runs = []
         for seed in seeds:
             resolved = _checked(config, steps=args.steps, seed=seed)
-            run_dir = out / label / f"seed{seed}"
-            if not _reusable(run_dir, resolved):
-                check_run_dir(run_dir, force=args.force)
-            runs.append((run_dir, config, resolved))
+            runs.append((out / label / f"seed{seed}", config, resolved))
+        seeds_of[label] = list(seeds)
         plans.append((label, runs))
+    if len({tuple(v) for v in seeds_of.values()}) > 1:
+        found = ", ".join(f"{label}: {seeds}" for label, seeds in seeds_of.items())
+        raise ConfigError(ConfigIssue("--seeds", f"the inputs are not on the same seeds ({found}); pass --seeds "
+                                      "so every config runs on the seeds of the others"))
+    # Only now, with every input checked, may --force remove a stale run.
+    for _, runs in plans:
+        for run_dir, _, resolved in runs:
+            if resolved is not None and not _reusable(run_dir, resolved):
+                check_run_dir(run_dir, force=args.force)
 
     groups: dict[str, list[list[dict[str, float]]]] = {}
     rows: list[dict[str, Any]] = []

@@ -27,6 +27,14 @@ def test_invalid_names_are_refused(name, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["bus", "dataflex-bus", "plugins", "dataflex-plugins"])
+def test_names_of_dataflex_bus_itself_are_refused(name, tmp_path):
+    # dataflex-bus / dataflex_bus (or dataflex_plugins) would shadow or replace the bus when installed
+    with pytest.raises(TemplateError, match="dataflex-bus itself"):
+        create_pack(name, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_refuses_existing_dir_and_bad_parent(tmp_path, capsys):
     assert main(["new-plugin", "demo", "--dir", str(tmp_path)]) == 0
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))

@@ -87,7 +87,8 @@ class TSCL(Mixer):
     def domain_scores(self, batch: Any, score: Score) -> tuple[Tensor, Tensor]:
         """This step's score per domain ``[D]`` and which domains have one (bool ``[D]``)."""
         D = len(self.domains)
-        present = segment_count(batch.domain_index, D) > 0
+        count = segment_count(batch.domain_index, D)
+        present = count > 0
         values = score.values.double()
         if score.granularity == "domain":
             if values.shape != (D,):
@@ -98,7 +99,6 @@ class TSCL(Mixer):
         if values.dim() != 1:
             raise ValueError(f"tscl: expected one score per row, got shape {tuple(values.shape)}")
         total = segment_sum(values, batch.domain_index, D)
-        count = segment_count(batch.domain_index, D)
         return total / count.clamp_min(1).double(), present
 
     def slopes(self) -> Tensor:
