@@ -6,8 +6,15 @@ Llama (written locally with a word-level tokenizer: no download), a synthetic tw
 the given rollout backend, at a fixed seed:
 
 * ``off``: ``trainer.v1.trainer_mode=dataflex_sync`` without a ``dataflex`` block (plain GRPO);
-* ``on``: the same plus a reweight method (x4 weight on one domain), or ``--method select`` for the
-  seed's difficulty band.
+* ``on``: the same plus a reweight method (softmax over reward), or ``--method select`` for the seed's
+  difficulty band.
+
+The reward is a local rule (``REWARD_SOURCE``, passed as ``reward.custom_reward_function``): the share of
+response words that are numbers below 50. A random model thus gets varied rewards inside every group,
+so advantages, weights and selections are not trivially zero. verl's built-in scorers would not do:
+``openai/gsm8k`` gives a random model 0 everywhere (GRPO advantages 0, so ``pg_loss`` is 0 with or
+without the method), and any other ``data_source`` (here ``code``) raises ``NotImplementedError`` in
+the reward worker.
 
 It prints each run's ``actor/pg_loss`` (and the ``dataflex/*`` metrics) per step and whether the method
 changed the loss. Needs verl's rollout extra (``vllm`` by default) and a CUDA device.
@@ -49,8 +56,9 @@ def write_model(root: Path) -> Path:
                           "{% if add_generation_prompt %}assistant : {% endif %}")
     path = root / "tiny-llama"
     fast.save_pretrained(path)
-    cfg = LlamaConfig(vocab_size=len(words), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+    # head_dim 64: vLLM's attention kernels do not accept every small head size.
+    cfg = LlamaConfig(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=True)
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
@@ -73,9 +81,25 @@ def write_data(root: Path) -> Path:
     return path
 
 
-def overrides(model: Path, data: Path, out: Path, rollout: str, seed: int) -> list[str]:
+#: The reward rule, written next to the data and loaded by path in verl's reward workers.
+REWARD_SOURCE = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Share of the response's words that are numbers below 50 (0 for an empty response)."""
+    words = solution_str.split()
+    return sum(w.isdigit() and int(w) < 50 for w in words) / len(words) if words else 0.0
+'''
+
+
+def write_reward(root: Path) -> Path:
+    path = root / "smoke_reward.py"
+    path.write_text(REWARD_SOURCE)
+    return path
+
+
+def overrides(model: Path, data: Path, out: Path, rollout: str, seed: int, reward: Path) -> list[str]:
     return [
         "trainer.v1.trainer_mode=dataflex_sync", "algorithm.adv_estimator=grpo",
+        f"reward.custom_reward_function.path={reward}", "reward.custom_reward_function.name=compute_score",
         f"data.train_files={data}", f"data.val_files={data}", "data.train_batch_size=8",
         "data.max_prompt_length=32", "data.max_response_length=16", f"data.seed={seed}",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -139,8 +163,8 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, data = write_model(out), write_data(out)
-    base = overrides(model, data, out, args.rollout, args.seed)
+    model, data, reward = write_model(out), write_data(out), write_reward(out)
+    base = overrides(model, data, out, args.rollout, args.seed, reward)
     off = run("off", base, out, args.timeout)
     on = run("on", base + METHODS[args.method], out, args.timeout)
     report = {}

@@ -70,22 +70,27 @@ def run_checks() -> list[dict[str, Any]]:
     except Exception as exc:
         add("import verl", FAIL, f"{type(exc).__name__}: {exc}")
         return checks
-    if not loads:
-        import dataflex_bus.verl.entry  # noqa: F401  (what verl would have loaded)
+    # What `import verl` registered by itself is what main_ppo will find: read it before importing the
+    # entry point ourselves (that import only serves to surface the adapter's own load error).
+    registered = TRAINER_REGISTRY.get(TRAINER_MODE)
     from . import entry
 
-    registered = TRAINER_REGISTRY.get(TRAINER_MODE)
     if entry.LOAD_ERROR is not None:
         add("trainer mode", FAIL, f"{TRAINER_MODE!r} is a stand-in: the adapter failed to import:\n"
             f"{entry.LOAD_TRACEBACK}")
     elif registered is None:
-        add("trainer mode", FAIL, f"{TRAINER_MODE!r} is not registered (available: {sorted(TRAINER_REGISTRY)})")
+        why = (f"VERL_USE_EXTERNAL_PLUGINS={policy!r} excludes the 'dataflex' entry point" if not loads
+               else "verl did not load the dataflex entry point")
+        add("trainer mode", FAIL, f"`import verl` did not register {TRAINER_MODE!r} ({why}): main_ppo would fail "
+            f"with \"Unknown trainer\" (available: {sorted(TRAINER_REGISTRY)})")
     else:
         add("trainer mode", OK, f"{TRAINER_MODE!r} -> {registered.__module__}.{registered.__qualname__}")
 
-    from ..discovery import get_plugins
+    from ..discovery import discover
 
-    plugins = get_plugins()
+    # Not strict, whatever DATAFLEX_STRICT_PLUGINS says: report every failed plugin instead of dying on
+    # the first one (each failure is a FAIL below, so the exit status still says so).
+    plugins = discover(strict=False)
     for record in plugins.records:
         components = ", ".join(sorted(f"{c.name} ({c.kind})" for c in record.components))
         status = {"active": OK, "disabled": WARN}.get(record.status, FAIL)

@@ -68,15 +68,25 @@ def probes(tmp_path_factory):
     }
     doctor = [sys.executable, "-m", "dataflex_bus.cli", "doctor", "--json"]
     commands = {name: [sys.executable, str(script), first] for name, (_, first) in cases.items()}
-    commands.update(doctor_broken=doctor)
+    commands.update(doctor_broken=doctor, doctor_excluded=doctor)
     cases.update(doctor_broken=({"PYTHONPATH": str(shim)}, None))
+    # verl told to skip our entry point, plus a broken dataflex method pack, under strict plugin loading
+    pack = tmp_path_factory.mktemp("brokenpack")
+    info = pack / "dataflex_broken_pack-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dataflex-broken-pack\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[dataflex]\nbroken = dataflex_no_such_module_xyz\n")
+    cases.update(doctor_excluded=({"PYTHONPATH": str(pack), "VERL_USE_EXTERNAL_PLUGINS": "none",
+                                   "DATAFLEX_STRICT_PLUGINS": "1"}, None))
+    cwd = {"doctor_excluded": str(pack)}
     procs = {name: subprocess.Popen(commands[name], env={**base, **env}, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, cwd=str(shim))
+                                    stderr=subprocess.PIPE, text=True, cwd=cwd.get(name, str(shim)))
              for name, (env, _) in cases.items()}
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=240)
         if name.startswith("doctor"):
+            assert out.strip(), f"{name}: doctor printed no report (rc={proc.returncode})\n{err[-3000:]}"
             results[name] = (proc.returncode, json.loads(out), err)
             continue
         line = next((ln for ln in out.splitlines() if ln.startswith("PROBE")), None)
@@ -143,3 +153,17 @@ def test_doctor_reports_health_and_fails_on_a_broken_install(probes, monkeypatch
     assert rc == 1
     assert by_name["trainer mode"]["status"] == "FAIL"
     assert "simulated broken install" in by_name["trainer mode"]["detail"]
+
+
+def test_doctor_fails_when_verl_will_not_register_the_mode_and_reports_every_plugin(probes):
+    # VERL_USE_EXTERNAL_PLUGINS=none: main_ppo would say "Unknown trainer 'dataflex_sync'", so doctor
+    # must not say "all checks passed"; a broken method pack under strict loading is reported, not raised.
+    rc, checks, _ = probes["doctor_excluded"]
+    by_name = {c["check"]: c for c in checks}
+    assert rc == 1, checks
+    assert by_name["trainer mode"]["status"] == "FAIL"
+    assert "VERL_USE_EXTERNAL_PLUGINS='none'" in by_name["trainer mode"]["detail"]
+    assert by_name["VERL_USE_EXTERNAL_PLUGINS"]["status"] == "warn"
+    assert by_name["plugin broken"]["status"] == "FAIL"
+    assert "dataflex_no_such_module_xyz" in by_name["plugin broken"]["detail"]
+    assert by_name["plugin select"]["status"] == "ok"  # the healthy packs are still listed
