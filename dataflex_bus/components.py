@@ -230,6 +230,16 @@ class Selector(Actuator):
     kind: ClassVar[str] = "selector"
     mechanism: ClassVar[str] = "select"
 
+    @classmethod
+    def keeps_whole_groups(cls, granularity: str) -> bool:
+        """True if, fed scores of ``granularity``, this selector always keeps or drops whole groups.
+
+        Only such a selection may run at ``on_rollout``: dropping single rows before the advantage is
+        computed would change the GRPO baseline of the rows left in their group. Any other selection runs
+        at ``on_advantage``, where a dropped row is masked out of the loss after its group's advantage.
+        """
+        return False
+
     def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
         raise NotImplementedError(f"{type(self).__name__}.select")
 

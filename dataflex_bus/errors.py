@@ -37,6 +37,9 @@ class ConfigError(DataflexError, ValueError):
         lines = "\n".join(f"  - {issue}" for issue in self.issues)
         super().__init__(f"invalid dataflex config ({len(self.issues)} problem(s)):\n{lines}")
 
+    def __reduce__(self):  # keep type and issues across pickling (Ray hands errors back to the driver)
+        return (type(self), (self.issues,))
+
 
 class PluginLoadError(DataflexError, RuntimeError):
     """A plugin could not be imported or registered (raised in strict mode)."""
@@ -59,6 +62,9 @@ class PluginRuntimeError(DataflexError, RuntimeError):
         self.cause = cause
         super().__init__(f"plugin {plugin!r} failed in hook {hook!r}: {type(cause).__name__}: {cause}")
 
+    def __reduce__(self):
+        return (type(self), (self.plugin, self.hook, self.cause))
+
 
 class BatchFieldError(DataflexError, ValueError):
     """A batch lacks a field a component requires, or a field holds NaN/inf or a wrong shape."""
@@ -66,4 +72,8 @@ class BatchFieldError(DataflexError, ValueError):
     def __init__(self, component: str, field: str, message: str) -> None:
         self.component = component
         self.field = field
+        self.detail = message
         super().__init__(f"{component}: field {field!r}: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.component, self.field, self.detail))

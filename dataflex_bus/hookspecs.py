@@ -52,8 +52,9 @@ def on_rollout(batch: Batch, step: int, decision: Decision) -> None:
     """Rewards are known; old log-probs, reference log-probs and advantages are not computed yet.
 
     Fields present: ``prompts``, ``responses``, ``response_mask``, ``loss_mask``, ``rm_scores`` plus the
-    row labels ``uid`` and the domain column. A ``select`` pipeline whose scorer is ``post_reward`` acts
-    here: the rows it drops (whole groups) are removed before any further compute is spent on them.
+    row labels ``uid`` and the domain column. A ``select`` pipeline with a ``post_reward`` scorer whose
+    selector keeps or drops whole groups (``Selector.keeps_whole_groups``) acts here: the groups it drops
+    are removed before any further compute is spent on them.
     """
 
 

@@ -93,7 +93,12 @@ def pipeline_event(mechanism: str, scorer_cls: type[Scorer], actuator_cls: type[
     if mechanism == "reweight":
         return "on_advantage"
     latest = max(_TIMING_ORDER.index(scorer_cls.timing), _TIMING_ORDER.index(actuator_cls.min_timing))
-    return _event_of(_TIMING_ORDER[latest])
+    event = _event_of(_TIMING_ORDER[latest])
+    if event == "on_rollout" and not (issubclass(actuator_cls, Selector)
+                                      and actuator_cls.keeps_whole_groups(scorer_cls.granularity)):
+        # Row-level drops before the advantage would shift the GRPO baseline of the rows left.
+        event = "on_advantage"
+    return event
 
 
 def _resolve(registry: Registry, slot: str, name: str, key: str,
@@ -374,10 +379,27 @@ class Pipeline:
             decision.skip_update = True
         else:
             metrics["dataflex/empty_selection"] = 0.0
+        if self.event == "on_rollout":
+            self._check_whole_groups(batch, keep)
         decision.keep = keep if decision.keep is None else decision.keep & keep
         if sel.advantages is not None:
             batch.check_finite(f"selector {self.actuator.name!r}", "advantages", sel.advantages)
             decision.advantages = sel.advantages
+
+    def _check_whole_groups(self, batch: Batch, keep: Tensor) -> None:
+        """At ``on_rollout`` a selector must keep or drop whole groups (it promised to)."""
+        import torch
+
+        from .ops import segment_max, segment_min
+
+        k = keep.to(torch.float32)
+        gi, n = batch.group_index, batch.num_groups
+        split = segment_max(k, gi, n) != segment_min(k, gi, n)
+        if bool(split.any()):
+            raise BatchFieldError(f"selector {self.actuator.name!r}", "keep",
+                                  f"split {int(split.sum())} group(s) at on_rollout although it declares "
+                                  "keeps_whole_groups; dropping part of a group before the advantage would "
+                                  "change the GRPO baseline of the rest")
 
     def _apply_reweight(self, batch: Batch, score: Score, step: int, decision: Decision) -> None:
         assert isinstance(self.actuator, Reweighter)

@@ -1,5 +1,15 @@
 """Suite-wide settings: our own tests load plugins strictly, so a broken first-party pack fails loudly."""
 
+import importlib.util
 import os
 
+import pytest
+
 os.environ.setdefault("DATAFLEX_STRICT_PLUGINS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Locally the verl tier skips when verl is not installed; in CI a missing verl must be an error,
+    # never a quietly skipped tier.
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"} and importlib.util.find_spec("verl") is None:
+        raise pytest.UsageError("CI=true but verl is not installed: install the `verl` extra")

@@ -23,13 +23,17 @@ class Recorder:
         self.seen.append(("on_rollout", step, None if decision.keep is None else decision.keep.tolist()))
 
     @hookimpl
+    def on_advantage(self, batch, step, decision):
+        self.seen.append(("on_advantage", step, None if decision.keep is None else decision.keep.tolist()))
+
+    @hookimpl
     def on_step_end(self, step):
         self.seen.append(("on_step_end", step, None))
 
 
 class Exploding:
     @hookimpl
-    def on_rollout(self, batch):
+    def on_advantage(self, batch):
         raise ValueError("observer bug")
 
 
@@ -43,12 +47,15 @@ def test_observers_run_after_participants_and_are_isolated(toys, caplog):
     rec = Recorder()
     runtime.bus.add_observer(Exploding(), "exploding")
     runtime.bus.add_observer(rec, "recorder")
+    # A per-row band splits groups, so it acts after the advantage, not at on_rollout.
+    assert runtime.pipeline.event == "on_advantage"
     with caplog.at_level(logging.ERROR, logger="dataflex_bus"):
-        decision = runtime.emit("on_rollout", toy_batch(), 3)
+        assert not runtime.emit("on_rollout", toy_batch(), 3).acted
+        decision = runtime.emit("on_advantage", toy_batch(), 3)
     assert decision.keep.tolist() == [True, False, True, True, False, False, True, False]
     # The recorder saw the participant's decision: it ran after it.
-    assert rec.seen == [("on_rollout", 3, decision.keep.tolist())]
-    assert "observer 'exploding' failed in on_rollout" in caplog.text
+    assert rec.seen == [("on_rollout", 3, None), ("on_advantage", 3, decision.keep.tolist())]
+    assert "observer 'exploding' failed in on_advantage" in caplog.text
     runtime.emit("on_step_end", toy_batch(), 3)
     assert rec.seen[-1] == ("on_step_end", 3, None)
 
@@ -56,8 +63,8 @@ def test_observers_run_after_participants_and_are_isolated(toys, caplog):
 def test_participant_failure_names_plugin_and_hook(toys):
     runtime = Runtime(select_block(actuator="toy_explode"))
     with pytest.raises(PluginRuntimeError) as err:
-        runtime.emit("on_rollout", toy_batch(), 0)
-    assert err.value.plugin == "local:toy_explode" and err.value.hook == "on_rollout"
+        runtime.emit("on_advantage", toy_batch(), 0)
+    assert err.value.plugin == "local:toy_explode" and err.value.hook == "on_advantage"
     assert "kaboom" in str(err.value)
 
 
@@ -123,7 +130,7 @@ def test_nonfinite_scores_error_or_drop(toys):
     batch = toy_batch()
     batch.fields["rm_scores"][1, -1] = float("nan")
     with pytest.raises(PluginRuntimeError, match=r"non-finite score.*rows \[1\]"):
-        Runtime(select_block()).emit("on_rollout", batch, 0)
+        Runtime(select_block()).emit("on_advantage", batch, 0)
     batch = toy_batch()
     batch.fields["rm_scores"][1, -1] = float("nan")
     d = build_pipeline({**select_block(), "on_nonfinite": "drop"}).apply(batch, 0)
@@ -182,3 +189,22 @@ def test_empty_selection_warnings_do_not_flood(toys, caplog):
     warned = [r.getMessage() for r in caplog.records if "kept no row" in r.getMessage()]
     assert [w.split(" at step ")[1].split(";")[0] for w in warned] == ["0", "1", "3", "7"]
     assert "4 empty step(s) so far" in warned[2] and pipe.counters["empty_selections"] == 9
+
+
+def test_group_selections_act_at_rollout_and_may_not_split_groups(toys):
+    rate = {"mechanism": "select", "scorer": {"name": "toy_group_rate"},
+            "actuator": {"name": "toy_band", "params": {"low": 0.4, "high": 0.6}}}
+    pipe = build_pipeline(rate)
+    assert pipe.event == "on_rollout"
+    # groups aa, bb, cc, dd with rewards (1,0) (1,1) (0,0) (1,0): rates .5, 1, 0, .5
+    assert pipe.apply(toy_batch(), 0).keep.tolist() == [True, True, False, False, False, False, True, True]
+
+    class Splitter(type(pipe.actuator)):
+        def select(self, batch, score, step_id):
+            from dataflex_bus import Selection
+
+            return Selection(torch.arange(len(batch)) % 2 == 0)
+
+    pipe.actuator.__class__ = Splitter
+    with pytest.raises(Exception, match=r"split 4 group\(s\) at on_rollout"):
+        pipe.apply(toy_batch(), 0)

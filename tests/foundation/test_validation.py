@@ -78,7 +78,8 @@ def test_group_scorer_under_non_group_estimator(toys):
 
 
 def test_pipeline_event_follows_declared_timing(toys):
-    assert build_pipeline(block()).event == "on_rollout"
+    assert build_pipeline(block(scorer="toy_group_rate")).event == "on_rollout"
+    assert build_pipeline(block()).event == "on_advantage"  # per-row scores would split groups
     assert build_pipeline(block(mechanism="reweight", actuator="toy_scale")).event == "on_advantage"
     assert build_pipeline(block(mechanism="reweight", actuator="toy_scale", scorer="toy_token_prob")).event \
         == "on_advantage"

@@ -60,6 +60,10 @@ class ToyBand(Selector):
     }
 
     @classmethod
+    def keeps_whole_groups(cls, granularity):
+        return granularity == "prompt"
+
+    @classmethod
     def check_params(cls, values):
         return [("low", f"low ({values['low']}) must be <= high ({values['high']})")] \
             if values["low"] > values["high"] else []

@@ -35,6 +35,10 @@ class EvenGroups(Selector):
 
     requires = ("uid",)
 
+    @classmethod
+    def keeps_whole_groups(cls, granularity):
+        return True
+
     def select(self, batch, score, step_id):
         return Selection(batch.group_index % 2 == 0)
 

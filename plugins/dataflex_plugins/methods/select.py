@@ -49,6 +49,10 @@ class ThresholdBand(Selector):
     }
 
     @classmethod
+    def keeps_whole_groups(cls, granularity: str) -> bool:
+        return granularity == "prompt"  # one score per group: the band keeps or drops the group
+
+    @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         if values["low"] > values["high"]:
             return [("low", f"low={values['low']!r} must be <= high={values['high']!r}")]
@@ -92,6 +96,10 @@ class DapoFilter(Selector):
     params: ClassVar = {
         "metric": Param(str, "reward", choices=("reward", "score"), doc="which per-row value must vary"),
     }
+
+    @classmethod
+    def keeps_whole_groups(cls, granularity: str) -> bool:
+        return True  # decides per group, whatever the scorer
 
     def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
         if self.metric == "reward":
