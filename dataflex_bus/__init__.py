@@ -5,11 +5,11 @@ The public API is importable from here; nothing heavy (torch, plugins) is import
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+from ._lazy import lazy_exports
 from .hookspecs import hookimpl, hookspec
 
 _EXPORTS = {
@@ -44,13 +44,7 @@ _EXPORTS = {
 __all__ = ["__version__", "hookimpl", "hookspec", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dataflex_bus' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

@@ -24,8 +24,9 @@ Fixtures (see :mod:`dataflex_bus.testing.pytest_plugin`): ``dataflex_register_pl
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dataflex_bus._lazy import lazy_exports
 
 _EXPORTS = {
     "make_batch": "factories",
@@ -52,13 +53,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dataflex_bus.testing' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from seed_config import SEED
 
 pytestmark = pytest.mark.verl
 
-SEED = [
-    "+dataflex.mechanism=select",
-    "+dataflex.scorer.name=group_solve_rate",
-    "+dataflex.scorer.params.success_threshold=0.5",
-    "+dataflex.actuator.name=threshold_band",
-    "+dataflex.actuator.params.low=0.2",
-    "+dataflex.actuator.params.high=0.8",
-    "+dataflex.warmup_step=0",
-]
 
 
 @pytest.fixture(scope="module")

@@ -11,18 +11,10 @@ import os
 
 import pytest
 import torch
+from seed_config import SEED
 
 pytestmark = [pytest.mark.verl, pytest.mark.tq]
 
-SEED = [
-    "+dataflex.mechanism=select",
-    "+dataflex.scorer.name=group_solve_rate",
-    "+dataflex.scorer.params.success_threshold=0.5",
-    "+dataflex.actuator.name=threshold_band",
-    "+dataflex.actuator.params.low=0.2",
-    "+dataflex.actuator.params.high=0.8",
-    "+dataflex.warmup_step=0",
-]
 REWEIGHT_MATH_X2 = [
     "+dataflex.mechanism=reweight",
     "+dataflex.scorer.name=vt_reward",
