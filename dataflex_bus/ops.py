@@ -97,27 +97,3 @@ def grpo_outcome_advantage(
     adv = centred / (gather_segments(std, group_index, fill=1.0) + eps) if norm_by_std else centred
     adv = torch.where(group_index >= 0, adv, torch.zeros_like(adv))
     return adv.to(rewards.dtype)
-
-
-def masked_row_sum(values: Tensor, mask: Tensor) -> Tensor:
-    """Sum over the last dim of ``values * mask``."""
-    return (values * mask).sum(-1)
-
-
-def masked_row_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean over valid tokens of each row; a row with no valid token gives 0 (divides by max(L, 1))."""
-    m = mask.to(values.dtype)
-    return (values * m).sum(-1) / m.sum(-1).clamp_min(1)
-
-
-def stable_rank_order(score: Tensor, *, descending: bool) -> Tensor:
-    """Row indices ordered by ``(score, row index)``: ties keep row order, for either direction.
-
-    NaN scores are ranked last in both directions.
-    """
-    s = score.double()
-    nan = torch.isnan(s)
-    key = -s if descending else s
-    key = torch.where(nan, torch.full_like(key, float("inf")), key)
-    # torch.sort with stable=True keeps the original order among equal keys, so ties resolve by row index.
-    return torch.sort(key, stable=True).indices

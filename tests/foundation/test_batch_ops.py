@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from dataflex_bus import Batch
 from dataflex_bus.errors import BatchFieldError
-from dataflex_bus.ops import grpo_outcome_advantage, segment_mean_std, stable_rank_order
+from dataflex_bus.ops import grpo_outcome_advantage, segment_mean_std
 
 
 def test_group_index_skips_padding_and_keeps_sizes():
@@ -71,9 +71,3 @@ def test_grpo_matches_reference_loop(rows):
 def test_segment_mean_std_singletons_are_nan():
     mean, std, count = segment_mean_std(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([0, 0, 1]), 3)
     assert count.tolist() == [2, 1, 0] and mean[0] == 1.5 and torch.isnan(std[1]) and torch.isnan(mean[2])
-
-
-def test_stable_rank_order_ties_and_nan():
-    s = torch.tensor([1.0, float("nan"), 3.0, 1.0, 3.0])
-    assert stable_rank_order(s, descending=True).tolist() == [2, 4, 0, 3, 1]
-    assert stable_rank_order(s, descending=False).tolist() == [0, 3, 2, 4, 1]

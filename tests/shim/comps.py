@@ -25,9 +25,8 @@ class AdvantageScore(Scorer):
     timing = "post_advantage"
 
     def score(self, batch, step_id, **ctx):
-        from dataflex_bus.ops import masked_row_mean
-
-        return Score(masked_row_mean(batch["advantages"].abs(), batch["response_mask"]), "response")
+        mask = batch["response_mask"].to(torch.float32)
+        return Score((batch["advantages"].abs() * mask).sum(-1) / mask.sum(-1).clamp_min(1), "response")
 
 
 class EvenGroups(Selector):

@@ -141,8 +141,7 @@ class TopKFraction(Selector):
             # Real scores are finite (checked), so an infinite fill puts padding strictly last.
             fill = float("-inf") if self.largest else float("inf")
             values = torch.where(valid, values, torch.full((), fill, dtype=values.dtype))
-        # A stable sort keeps row order among equal scores in either direction: ties go to the earlier
-        # row (ops.stable_rank_order does the same but also ranks NaN, which cannot occur here).
+        # A stable sort keeps row order among equal scores in either direction: ties go to the earlier row.
         order = torch.sort(values, descending=self.largest, stable=True).indices
         keep[order[:k]] = True
         return Selection(keep=keep, metrics={"topk/k": float(k)})
