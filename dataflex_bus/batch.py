@@ -150,20 +150,29 @@ class Batch:
             if not self.has(name):
                 raise BatchFieldError(component, name, f"required but missing (present: {sorted(self.fields)})")
 
+    def nonfinite_rows(self, values: Tensor) -> Tensor | None:
+        """Bool ``[B]``: real rows of a row-leading tensor holding NaN/inf on a real element (tokens only,
+        for a ``[B, T]`` tensor shaped like the response mask); ``None`` when there is none.
+
+        One min/max reduction decides the common all-finite case without a ``[B, T]`` copy.
+        """
+        if not values.is_floating_point() or values.numel() == 0:
+            return None
+        if bool(torch.isfinite(torch.stack(torch.aminmax(values))).all()):
+            return None
+        bad = ~torch.isfinite(values)
+        if values.dim() == 2 and "response_mask" in self.fields and values.shape == self.token_mask.shape:
+            bad = bad & self.token_mask
+        rows = bad.reshape(values.shape[0], -1).any(-1)
+        if values.shape[0] == len(self):
+            rows = rows & self.valid_rows
+        return rows if bool(rows.any()) else None
+
     def check_finite(self, component: str, name: str, values: Tensor | None = None) -> None:
         """Raise if a field (restricted to real rows and tokens) holds NaN or inf."""
-        t = self[name] if values is None else values
-        if not t.is_floating_point():
-            return
-        if t.numel() and bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
-            return  # fast path: min and max finite <=> no NaN/inf anywhere (one reduction, no [B, T] copy)
-        bad = ~torch.isfinite(t)
-        if t.dim() >= 1 and t.shape[0] == len(self):
-            bad = bad & self.valid_rows.view(-1, *([1] * (t.dim() - 1)))
-            if t.dim() == 2 and t.shape == self.token_mask.shape:
-                bad = bad & self.token_mask
-        if bool(bad.any()):
-            rows = torch.nonzero(bad.reshape(bad.shape[0], -1).any(-1)).flatten()[:5].tolist()
+        bad = self.nonfinite_rows(self[name] if values is None else values)
+        if bad is not None:
+            rows = torch.nonzero(bad).flatten()[:5].tolist()
             raise BatchFieldError(component, name, f"non-finite values (NaN/inf) in rows {rows}")
 
     # ------------------------------------------------------------------ derived, cached

@@ -320,24 +320,18 @@ class Pipeline:
         batch.require(f"actuator {self.actuator.name!r}", self.actuator.requires)
         score = self._call("scorer", self.scorer.score, batch, step)
         values = score.values
-        if (values.dim() >= 1 and values.shape[0] == len(batch) and values.is_floating_point()
-                and not (values.numel() and bool(torch.isfinite(torch.stack(torch.aminmax(values))).all()))):
-            # Only when min or max is non-finite (one cheap reduction) look for the culprit rows.
-            bad = ~torch.isfinite(values)
-            if values.dim() == 2:
-                bad = (bad & batch.token_mask).any(-1)
-            bad = bad & batch.valid_rows
-            if bool(bad.any()):
-                if self.config.on_nonfinite == "error":
-                    rows = torch.nonzero(bad).flatten()[:5].tolist()
-                    raise BatchFieldError(name, "score", f"non-finite score (NaN/inf) on rows {rows}; "
-                                          "fix the input or set dataflex.on_nonfinite=drop")
-                count = int(bad.sum())
-                self.counters["nonfinite_rows"] += count
-                metrics["dataflex/nonfinite_rows"] = float(count)
-                # Dropped rows become padding, so no statistic, group or normalisation counts them.
-                batch = batch.derive(is_padding=batch.is_padding | bad)
-                score = self._call("scorer", self.scorer.score, batch, step)
+        bad = batch.nonfinite_rows(values) if values.dim() >= 1 and values.shape[0] == len(batch) else None
+        if bad is not None:
+            if self.config.on_nonfinite == "error":
+                rows = torch.nonzero(bad).flatten()[:5].tolist()
+                raise BatchFieldError(name, "score", f"non-finite score (NaN/inf) on rows {rows}; "
+                                      "fix the input or set dataflex.on_nonfinite=drop")
+            count = int(bad.sum())
+            self.counters["nonfinite_rows"] += count
+            metrics["dataflex/nonfinite_rows"] = float(count)
+            # Dropped rows become padding, so no statistic, group or normalisation counts them.
+            batch = batch.derive(is_padding=batch.is_padding | bad)
+            score = self._call("scorer", self.scorer.score, batch, step)
         for k, v in score.metrics.items():
             metrics[f"dataflex/{k}"] = float(v)
         return batch, score

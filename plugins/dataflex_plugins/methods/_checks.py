@@ -18,10 +18,8 @@ def check_row_values(component: str, field: str, values: Tensor, batch: Batch) -
     if values.dim() != 1 or values.shape[0] != len(batch):
         raise BatchFieldError(component, field,
                               f"expected one value per row, shape ({len(batch)},), got {tuple(values.shape)}")
-    if not values.is_floating_point():
-        return
-    bad = ~torch.isfinite(values) & batch.valid_rows
-    if bool(bad.any()):
+    bad = batch.nonfinite_rows(values)
+    if bad is not None:
         rows = torch.nonzero(bad).flatten()[:5].tolist()
         raise BatchFieldError(component, field, f"non-finite values (NaN/inf) on rows {rows}")
 
