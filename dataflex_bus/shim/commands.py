@@ -165,7 +165,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         groups[label] = metrics_per_seed
         row: dict[str, Any] = {"config": label, "seeds": ",".join(str(r.get("seed")) for r in records),
                                "steps": min(len(m) for m in metrics_per_seed)}
-        for key in ["reward/mean", "reward/learnable", *(f"reward/{d}" for d in domains), "eval/learnable"]:
+        for key in ["reward/mean", "reward/learnable", *(f"reward/{d}" for d in domains), "eval/heldout/learnable"]:
             vals = [r["summary"][key] for r in records if key in r.get("summary", {})]
             row[key] = sum(vals) / len(vals) if vals else math.nan
         kept = [r["summary"].get("train/kept_fraction_all", math.nan) for r in records]
@@ -174,7 +174,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rows.append(row)
 
     columns = ["config", "seeds", "steps", "reward/mean", "reward/learnable",
-               *(f"reward/{d}" for d in domains), "eval/learnable", "kept_fraction", "wall_s"]
+               *(f"reward/{d}" for d in domains), "eval/heldout/learnable", "kept_fraction", "wall_s"]
     table = report.format_table(rows, columns)
     out.mkdir(parents=True, exist_ok=True)
     note = ("final = mean over the last 10% of steps (training reward) / last held-out eval; "

@@ -6,8 +6,8 @@ by the foundation when the :class:`~dataflex_bus.Runtime` is built.
 
 .. code-block:: yaml
 
-    trainer: {steps: 200, seed: 0, group_size: 8, prompts_per_step: 32, lr: 0.003}
-    data: {domains: [copy, add, muladd, random]}
+    trainer: {steps: 200, seed: 0, group_size: 8, prompts_per_step: 64, lr: 0.0005}
+    data: {domains: [copy, sort, reverse, random], heldout: 600}
     dataflex: {...}          # optional; absent = plain GRPO
 """
 
@@ -19,14 +19,15 @@ from typing import Any
 
 from ..components import Param
 from ..errors import ConfigError, ConfigIssue
+from .split import heldout_issues
 from .tasks import TASKS
 
 TRAINER: dict[str, Param] = {
     "steps": Param(int, 200, low=1, doc="training steps"),
     "seed": Param(int, 0, low=0, doc="seed of every generator the run owns"),
     "group_size": Param(int, 8, low=1, doc="responses per prompt (verl's rollout.n)"),
-    "prompts_per_step": Param(int, 32, low=1, doc="prompts drawn per step (verl's train_batch_size)"),
-    "lr": Param(float, 0.003, low=0.0, low_open=True, doc="Adam learning rate"),
+    "prompts_per_step": Param(int, 64, low=1, doc="prompts drawn per step (verl's train_batch_size)"),
+    "lr": Param(float, 0.0005, low=0.0, low_open=True, doc="Adam learning rate"),
     "clip_ratio": Param(float, 0.2, low=0.0, low_open=True, doc="PPO clip range"),
     "clip_ratio_c": Param(float, 3.0, low=1.0, low_open=True, doc="dual-clip bound for negative advantages"),
     "kl_coef": Param(float, 0.0, low=0.0, doc="KL-loss coefficient to the initial policy (k3); 0 = no ref"),
@@ -35,17 +36,21 @@ TRAINER: dict[str, Param] = {
     "temperature": Param(float, 1.0, low=0.0, low_open=True, doc="sampling temperature"),
     "max_grad_norm": Param(float, 1.0, low=0.0, low_open=True, doc="gradient clipping"),
     "save_every": Param(int, 50, low=0, doc="checkpoint every N steps (0: only at the end)"),
-    "eval_every": Param(int, 25, low=0, doc="greedy accuracy on a fixed held-out set every N steps (0: never)"),
-    "eval_prompts": Param(int, 64, low=1, doc="held-out prompts per domain"),
+    "eval_every": Param(int, 25, low=0, doc="exact greedy accuracy on every held-out prompt at step 0 and every "
+                        "N steps (0: never)"),
     "threads": Param(int, 1, low=1, doc="torch CPU threads during the run"),
 }
 MODEL: dict[str, Param] = {
     "hidden": Param(int, 64, low=1, doc="GRU width"),
     "layers": Param(int, 1, low=1, doc="GRU layers"),
-    "pretrain_steps": Param(int, 150, low=0, doc="supervised warm start on noisy answers (0: cold start)"),
+    "pretrain_steps": Param(int, 500, low=0, doc="supervised warm start on noisy answers (0: cold start)"),
+    "pretrain_batch": Param(int, 256, low=1, doc="prompts per warm-start step"),
 }
-DATA_KEYS = ("domains",)
-DEFAULT_DOMAINS = ["copy", "add", "muladd", "random"]
+DATA: dict[str, Param] = {
+    "heldout": Param(int, 600, low=1, doc="held-out prompts per domain (spread over its levels), never trained on"),
+}
+DATA_KEYS = ("domains", *DATA)
+DEFAULT_DOMAINS = ["copy", "sort", "reverse", "random"]
 SECTIONS = ("trainer", "model", "data", "dataflex")
 #: Keys that may change between a checkpoint and its resume (they do not change what a step computes).
 RESUMABLE = ("trainer.steps", "trainer.save_every")
@@ -86,12 +91,18 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     model = _section(config.get("model"), "model", MODEL, issues)
     data_raw = config.get("data") or {}
     domains = list(DEFAULT_DOMAINS)
+    data = {name: p.default for name, p in DATA.items()}
     if not isinstance(data_raw, Mapping):
         issues.append(ConfigIssue("data", f"expected a mapping, got {type(data_raw).__name__}"))
     else:
         for name in data_raw:
             if name not in DATA_KEYS:
                 issues.append(ConfigIssue(f"data.{name}", "unknown key", DATA_KEYS))
+        for name, p in DATA.items():
+            if name in data_raw:
+                data[name], issue = p.coerce(f"data.{name}", data_raw[name])
+                if issue:
+                    issues.append(issue)
         given = data_raw.get("domains", domains)
         if not isinstance(given, list) or not given or not all(isinstance(d, str) for d in given):
             issues.append(ConfigIssue("data.domains", f"expected a non-empty list of task names, got {given!r}",
@@ -103,10 +114,12 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
             if len(set(given)) != len(given):
                 issues.append(ConfigIssue("data.domains", f"domains must be distinct, got {given!r}"))
             domains = list(given)
+            if not issues:
+                issues += heldout_issues(domains, data["heldout"])
     block = config.get("dataflex")
     if issues:
         raise ConfigError(issues)
-    return {"trainer": trainer, "model": model, "data": {"domains": domains},
+    return {"trainer": trainer, "model": model, "data": {"domains": domains, **data},
             "dataflex": copy.deepcopy(block) if block else None}
 
 

@@ -7,12 +7,12 @@ initialised from a generator the trainer owns, so a run never depends on torch's
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .tasks import EOS, MAX_RESPONSE_LEN, NUM_OUTPUTS, PAD, make_prompts, noisy_targets
+from .tasks import EOS, MAX_RESPONSE_LEN, NUM_OUTPUTS, PAD, Prompts, noisy_targets
 
 
 class TinyPolicy(nn.Module):
@@ -78,23 +78,27 @@ def generate(policy: TinyPolicy, prompts: Tensor, temperature: float,
     return responses, mask, logps
 
 
-def pretrain(policy: TinyPolicy, names: Sequence[str], steps: int, gen: torch.Generator, *,
-             batch: int = 128, lr: float = 0.01) -> float:
-    """Supervised warm start on noisy answers (see :func:`~dataflex_bus.shim.tasks.noisy_targets`).
+def pretrain(policy: TinyPolicy, names: Sequence[str], draw: Callable[[Tensor, torch.Generator], Prompts],
+             steps: int, gen: torch.Generator, *, batch: int = 128, lr: float = 0.01) -> float:
+    """Supervised warm start on noisy answers (see :func:`~dataflex_bus.shim.tasks.noisy_targets`) to
+    prompts from ``draw`` (the training split's sampler: held-out prompts are never seen).
 
     Turns the random network into a weak base policy that knows the answer format and part of each
-    table (more of the small ones). Uses its own optimizer, which is discarded. Returns the last loss.
+    algorithm. Uses its own optimizer, which is discarded. Returns the last loss.
     """
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    # Decaying to 0 settles the weights: the base policy varies less from seed to seed.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / max(steps, 1))
     loss = torch.zeros(())
     for _ in range(steps):
         ids = torch.randint(0, len(names), (batch,), generator=gen)
-        prompts = make_prompts(ids, names, gen)
-        targets = noisy_targets(prompts, names, gen)
+        prompts = draw(ids, gen)
+        targets = noisy_targets(prompts, list(names), gen)
         mask = (targets != PAD).float()
         logp = token_log_probs(policy, prompts.tokens, targets, 1.0)
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
     return float(loss.detach())

@@ -62,7 +62,7 @@ def plot_run(metrics: Sequence[Mapping[str, float]], domains: Sequence[str], pat
              mix: bool = False) -> Path:
     """Training reward per domain (smoothed), held-out accuracy, and (``mix``) domain probabilities."""
     plt = _pyplot()
-    has_eval = any(f"eval/{d}" in m for m in metrics for d in domains)
+    has_eval = any(f"eval/heldout/{d}" in m for m in metrics for d in domains)
     has_mix = mix
     panels = 1 + has_eval + has_mix
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.8), squeeze=False)
@@ -78,9 +78,9 @@ def plot_run(metrics: Sequence[Mapping[str, float]], domains: Sequence[str], pat
         ax = axes[i]
         i += 1
         for d in domains:
-            pts = [(m["step"], m[f"eval/{d}"]) for m in metrics if f"eval/{d}" in m]
+            pts = [(m["step"], m[f"eval/heldout/{d}"]) for m in metrics if f"eval/heldout/{d}" in m]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=d)
-        ax.set(title="held-out greedy accuracy", xlabel="step", ylim=(-0.02, 1.02))
+        ax.set(title="held-out accuracy (exact, greedy)", xlabel="step", ylim=(-0.02, 1.02))
         ax.legend(fontsize=8)
     if has_mix:
         ax = axes[i]

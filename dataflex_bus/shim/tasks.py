@@ -1,28 +1,31 @@
 """Synthetic, verifiable tasks for the CPU shim, generated in code from a seed.
 
-Every prompt is three tokens ``[<domain>, a, b]`` with digits ``a, b``; the answer is a decimal number
-written digit by digit and closed by ``EOS`` (so answers are 2 or 3 tokens long and responses have
-variable lengths). The reward is binary exact match of the whole response, EOS included.
+A prompt is ``[PAD.., <domain>, d_1, ..., d_n]``: a domain token and a string of ``n`` digits from 1..9,
+left-padded to :data:`PROMPT_LEN` (verl left-pads prompts too). The answer is a digit string closed by
+``EOS``; the reward is binary exact match of the whole response, EOS included. Responses have
+variable lengths, so token-mean matters.
 
-The policy starts from a weak "base model" (:func:`noisy_targets`, fitted for a fraction of a second), as
-RL starts from a pretrained LLM: it knows the answer format and is right on part of the prompts, so
-GRPO groups hold mixed outcomes from the first step. The built-in domains differ clearly in difficulty
-(pass rate of the default base policy -> what GRPO reaches in 200 steps):
+Every domain has graded difficulty: its *levels* are string lengths, a prompt draws its level
+uniformly and then its digits uniformly. A (domain, level) pair is a finite *cell* of ``9**n`` prompts,
+which :mod:`~dataflex_bus.shim.split` splits into a training part and a held-out part.
 
-* ``copy``: answer ``a`` (10 facts to learn);
-* ``add``: answer ``a + b`` (100 facts, one or two digits);
-* ``muladd``: answer ``a * b + a + b`` (100 facts, mostly two digits, an irregular table);
-* ``random``: a number in 10..99 drawn per prompt *instance*, independent of the prompt tokens, so no
-  policy can beat chance (1/90). It is the unlearnable domain a data mixer should move away from.
+RL starts from a pretrained model, so the policy first fits pretraining data (:func:`noisy_targets`)
+that give the right answer only part of the time and a domain-specific *habit* otherwise, a plausible
+wrong rule (copying where it should reverse, ...), more often on longer strings. The base policy knows
+both rules; where it prefers the habit, greedy decoding is wrong although sampling finds the right
+answer often. GRPO groups then hold mixed outcomes from the first step, and RL has real work to do:
+making the right answer the policy's first choice, on prompts it has never trained on too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from ..ops import segment_max, segment_min
 
 #: Token ids: digits are their own ids, then EOS and PAD, then one token per domain.
 DIGITS = 10
@@ -31,98 +34,200 @@ PAD = 11
 FIRST_DOMAIN_TOKEN = 12
 #: Tokens the policy can emit (digits and EOS).
 NUM_OUTPUTS = 11
-#: Longest answer: two digits and EOS.
-MAX_RESPONSE_LEN = 3
-PROMPT_LEN = 3
+#: Answers of the unlearnable domain: uniform over this inclusive range, drawn per prompt instance.
+RANDOM_ANSWERS = (10, 99)
+
+#: A rule maps prompt digits ``[N, W]`` (left-aligned, 0 past each string's end) and lengths ``[N]`` to
+#: answer digits ``[N, W]`` of the same lengths.
+Rule = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
 class Task:
-    """One domain: how its answer follows from the prompt digits, whether it can be learned, and the
-    share of right answers in the pretraining data (with the table's size, this sets how often the
-    base policy starts out right)."""
+    """One domain: string lengths per level (easiest first), its rule, the base policy's habit and the
+    share of right answers per level in the pretraining data (the habit's answer otherwise).
+
+    ``rule`` is ``None`` for the unlearnable domain, whose answer is a number drawn per prompt instance
+    from :data:`RANDOM_ANSWERS`, independently of the prompt; no policy can beat chance there.
+    """
 
     name: str
-    answer: Callable[[Tensor, Tensor, torch.Generator], Tensor]
-    learnable: bool
-    label_accuracy: float
+    lengths: tuple[int, ...]
+    rule: Rule | None
+    habit: Rule | None
+    label_accuracy: tuple[float, ...]
     summary: str
 
+    @property
+    def learnable(self) -> bool:
+        return self.rule is not None
 
-def _random_answer(a: Tensor, b: Tensor, gen: torch.Generator) -> Tensor:
-    return torch.randint(10, 100, a.shape, generator=gen)
+
+def _positions(digits: Tensor) -> Tensor:
+    return torch.arange(digits.shape[1])[None, :]
+
+
+def _copy(digits: Tensor, lengths: Tensor) -> Tensor:
+    return digits.clone()
+
+
+def _reverse(digits: Tensor, lengths: Tensor) -> Tensor:
+    src = (lengths[:, None] - 1 - _positions(digits)).clamp_min(0)
+    return torch.where(_positions(digits) < lengths[:, None], digits.gather(1, src), 0)
+
+
+def _sort(digits: Tensor, lengths: Tensor) -> Tensor:
+    inside = _positions(digits) < lengths[:, None]
+    keyed = torch.where(inside, digits, DIGITS)  # padding sorts last
+    return torch.where(inside, keyed.sort(dim=1).values, 0)
+
+
+def _swap_last_two(digits: Tensor, lengths: Tensor) -> Tensor:
+    pos = _positions(digits)
+    last = lengths[:, None] - 1
+    src = torch.where(pos == last, last - 1, torch.where(pos == last - 1, last, pos))
+    return digits.gather(1, src.clamp_min(0))
+
+
+def _swap_first_two(digits: Tensor, lengths: Tensor) -> Tensor:
+    pos = _positions(digits)
+    src = torch.where(pos == 0, 1, torch.where(pos == 1, 0, pos))
+    return digits.gather(1, src.expand_as(digits))
+
+
+def _rotate_left(digits: Tensor, lengths: Tensor) -> Tensor:
+    pos = _positions(digits)
+    src = torch.where(pos < lengths[:, None], (pos + 1) % lengths[:, None].clamp_min(1), pos)
+    return digits.gather(1, src)
 
 
 TASKS: dict[str, Task] = {
-    "copy": Task("copy", lambda a, b, g: a.clone(), True, 0.6, "repeat the first digit"),
-    "add": Task("add", lambda a, b, g: a + b, True, 0.6, "a + b in decimal"),
-    "muladd": Task("muladd", lambda a, b, g: a * b + a + b, True, 0.3, "a * b + a + b in decimal"),
-    "random": Task("random", _random_answer, False, 0.0, "a random number per prompt instance (unlearnable)"),
+    "copy": Task("copy", (3, 4), _copy, _swap_last_two, (0.6, 0.45),
+                 "repeat the digits (habit: swaps the last two)"),
+    "sort": Task("sort", (3, 4), _sort, lambda d, n: _rotate_left(_sort(d, n), n), (0.45, 0.35),
+                 "the digits in ascending order (habit: puts the smallest last)"),
+    "reverse": Task("reverse", (3, 4), _reverse, lambda d, n: _swap_first_two(_reverse(d, n), n), (0.35, 0.25),
+                    "the digits in reverse order (habit: swaps the first two)"),
+    "random": Task("random", (4,), None, None, (0.0,), "a random number per prompt instance (unlearnable)"),
 }
-
-
-def noisy_targets(prompts: Prompts, names: Sequence[str], gen: torch.Generator) -> Tensor:
-    """Pretraining targets: the right answer with the domain's ``label_accuracy``, else a random number.
-
-    Fitting these gives a weak "base model" that knows the answer format and part of each table, so
-    GRPO groups hold mixed outcomes from the first step, as they do when RL starts from a pretrained
-    LLM. The random alternatives are drawn in 0..99, the range every task's answers live in.
-    """
-    n = prompts.tokens.shape[0]
-    acc = torch.tensor([TASKS[d].label_accuracy for d in names])[prompts.domains]
-    right = torch.rand(n, generator=gen) < acc
-    noise = encode_answer(torch.randint(0, 100, (n,), generator=gen))
-    return torch.where(right[:, None], prompts.targets, noise)
+#: Longest prompt string and longest answer (digits); a response is the answer and EOS.
+MAX_DIGITS = max(max(t.lengths) for t in TASKS.values())
+MAX_RESPONSE_LEN = max(MAX_DIGITS, len(str(RANDOM_ANSWERS[1]))) + 1
+PROMPT_LEN = 1 + MAX_DIGITS
 
 
 def vocab_size(num_domains: int) -> int:
     return FIRST_DOMAIN_TOKEN + num_domains
 
 
-def encode_answer(values: Tensor) -> Tensor:
-    """Numbers in 0..99 -> ``[N, MAX_RESPONSE_LEN]`` target tokens: digits, EOS, then PAD."""
-    two = values >= 10
-    tens, ones = values // 10, values % 10
-    n = values.shape[0]
-    out = torch.full((n, MAX_RESPONSE_LEN), PAD, dtype=torch.long)
-    out[:, 0] = torch.where(two, tens, ones)
-    out[:, 1] = torch.where(two, ones, torch.full_like(ones, EOS))
-    out[:, 2] = torch.where(two, torch.full_like(ones, EOS), torch.full_like(ones, PAD))
-    return out
+def encode_digits(digits: Tensor, lengths: Tensor, width: int = MAX_RESPONSE_LEN) -> Tensor:
+    """Digit strings ``[N, W]`` with their lengths -> ``[N, width]`` target tokens: digits, EOS, PAD."""
+    pos = torch.arange(width)[None, :]
+    n = lengths[:, None]
+    body = torch.zeros(digits.shape[0], width, dtype=torch.long)
+    k = min(width, digits.shape[1])
+    body[:, :k] = digits[:, :k]
+    return torch.where(pos < n, body, torch.where(pos == n, EOS, PAD))
+
+
+def encode_answer(values: Tensor, width: int = MAX_RESPONSE_LEN) -> Tensor:
+    """Numbers -> ``[N, width]`` target tokens: decimal digits (most significant first), EOS, PAD."""
+    n = (values[:, None] >= 10 ** torch.arange(1, width)[None, :]).sum(-1) + 1
+    exponent = (n[:, None] - 1 - torch.arange(width)[None, :]).clamp_min(0)
+    return encode_digits(values[:, None] // 10**exponent % 10, n, width)
+
+
+def encode_prompts(domains: Tensor, digits: Tensor, lengths: Tensor) -> Tensor:
+    """``[N, PROMPT_LEN]`` prompt tokens, right-aligned: PAD.., the domain token, the digits."""
+    o = torch.arange(PROMPT_LEN - 1, -1, -1)[None, :]  # offset from the right end
+    n = lengths[:, None]
+    src = (n - 1 - o).clamp(0, digits.shape[1] - 1)
+    tokens = torch.where(o < n, digits.gather(1, src), PAD)
+    return torch.where(o == n, (domains + FIRST_DOMAIN_TOKEN)[:, None], tokens)
 
 
 @dataclass
 class Prompts:
-    """A draw of prompts: tokens ``[N, 3]``, domain ids ``[N]`` (into the run's domain list), targets."""
+    """A draw of prompts: tokens ``[N, PROMPT_LEN]``, domain ids ``[N]`` (into the run's domain list),
+    levels ``[N]`` (into the domain's ``lengths``), the prompt digits ``[N, MAX_DIGITS]`` with their
+    ``lengths`` ``[N]``, and target tokens ``[N, MAX_RESPONSE_LEN]``."""
 
     tokens: Tensor
     domains: Tensor
+    levels: Tensor
+    digits: Tensor
+    lengths: Tensor
     targets: Tensor
 
     def repeat(self, n: int) -> Prompts:
         """Each prompt ``n`` times in a row (a GRPO group is contiguous)."""
-        return Prompts(self.tokens.repeat_interleave(n, 0), self.domains.repeat_interleave(n, 0),
-                       self.targets.repeat_interleave(n, 0))
+        return Prompts(*(x.repeat_interleave(n, 0) for x in (self.tokens, self.domains, self.levels,
+                                                               self.digits, self.lengths, self.targets)))
 
 
-def make_prompts(domains: Tensor, names: Sequence[str], gen: torch.Generator) -> Prompts:
-    """Draw one prompt instance per entry of ``domains`` (ids into ``names``), all from ``gen``.
+def _apply(rules: list[Rule | None], domains: Tensor, digits: Tensor, lengths: Tensor, fallback: Tensor) -> Tensor:
+    out = fallback
+    for d, rule in enumerate(rules):  # a handful of domains: one vectorised pass each
+        if rule is not None:
+            out = torch.where((domains == d)[:, None], encode_digits(rule(digits, lengths), lengths), out)
+    return out
 
-    Every domain's answer is computed for every row and the right one picked, so the generator is
-    consumed the same way whatever the domain mix: a run's prompts depend only on the seed and the
-    sequence of domain ids.
+
+def build_prompts(domains: Tensor, levels: Tensor, digits: Tensor, names: list[str],
+                  gen: torch.Generator) -> Prompts:
+    """Prompts and targets for given digit strings (``levels`` index each domain's lengths).
+
+    The unlearnable domain's answers are drawn from ``gen`` for every row, whatever the domains, so
+    ``gen`` is consumed the same way whatever the domain mix.
     """
-    n = domains.shape[0]
-    a = torch.randint(0, DIGITS, (n,), generator=gen)
-    b = torch.randint(0, DIGITS, (n,), generator=gen)
-    values = torch.zeros(n, dtype=torch.long)
-    for d, name in enumerate(names):  # a handful of domains: one vectorised pass each
-        values = torch.where(domains == d, TASKS[name].answer(a, b, gen), values)
-    tokens = torch.stack([domains + FIRST_DOMAIN_TOKEN, a, b], dim=1)
-    return Prompts(tokens, domains.clone(), encode_answer(values))
+    width = max(max(TASKS[n].lengths) for n in names)
+    table = torch.zeros(len(names), width, dtype=torch.long)
+    for d, name in enumerate(names):
+        table[d, : len(TASKS[name].lengths)] = torch.tensor(TASKS[name].lengths)
+    lengths = table[domains, levels]
+    digits = torch.where(_positions(digits) < lengths[:, None], digits, 0)
+    noise = torch.randint(RANDOM_ANSWERS[0], RANDOM_ANSWERS[1] + 1, domains.shape, generator=gen)
+    targets = _apply([TASKS[n].rule for n in names], domains, digits, lengths, encode_answer(noise))
+    return Prompts(encode_prompts(domains, digits, lengths), domains.clone(), levels.clone(), digits, lengths,
+                   targets)
+
+
+def noisy_targets(prompts: Prompts, names: list[str], gen: torch.Generator) -> Tensor:
+    """Pretraining targets: the right answer with the level's ``label_accuracy``, else the domain's habit;
+    the unlearnable domain keeps its random answers.
+
+    Fitting these gives a "base model" that knows the answer format and both rules and, where the label
+    accuracy is below one half, prefers the habit: greedy decoding is wrong there although sampling
+    often finds the right answer, as with an LLM whose pass@k is well above its pass@1.
+    """
+    width = max(len(TASKS[n].lengths) for n in names)
+    table = torch.zeros(len(names), width)
+    for d, name in enumerate(names):
+        table[d, : len(TASKS[name].lengths)] = torch.tensor(TASKS[name].label_accuracy)
+    right = torch.rand(prompts.domains.shape[0], generator=gen) < table[prompts.domains, prompts.levels]
+    habit = _apply([TASKS[n].habit for n in names], prompts.domains, prompts.digits, prompts.lengths,
+                   prompts.targets)
+    return torch.where(right[:, None], prompts.targets, habit)
 
 
 def exact_match(responses: Tensor, response_mask: Tensor, targets: Tensor) -> Tensor:
     """Binary reward ``[N]``: the response, PAD after its last valid token, equals the target exactly."""
     shown = torch.where(response_mask.bool(), responses, torch.full_like(responses, PAD))
     return (shown == targets).all(-1).to(torch.float32)
+
+
+def random_match_probability(responses: Tensor, response_mask: Tensor) -> Tensor:
+    """Exact expected reward ``[N]`` of responses on the unlearnable domain: ``1 / |RANDOM_ANSWERS|`` for a
+    response that writes one of its answers, else 0 (no sampling of answers, so no noise)."""
+    values = torch.arange(RANDOM_ANSWERS[0], RANDOM_ANSWERS[1] + 1)
+    shown = torch.where(response_mask.bool(), responses, torch.full_like(responses, PAD))
+    hit = (shown[:, None, :] == encode_answer(values, responses.shape[1])[None]).all(-1).any(-1)
+    return hit.to(torch.float32) / values.numel()
+
+
+def zero_signal_fraction(rewards: Tensor, group_index: Tensor, num_groups: int) -> float:
+    """Share of groups whose rewards are all equal (GRPO advantage 0 for every row: no learning signal)."""
+    if num_groups == 0:
+        return 0.0
+    flat = segment_max(rewards, group_index, num_groups) == segment_min(rewards, group_index, num_groups)
+    return float(flat.double().mean())

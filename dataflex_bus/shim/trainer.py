@@ -38,7 +38,8 @@ from ..runtime import Runtime
 from .config import diff, fingerprint, resolve_config
 from .losses import low_var_kl, policy_loss, token_mean
 from .policy import TinyPolicy, generate, pretrain, token_log_probs
-from .tasks import TASKS, Prompts, exact_match, make_prompts, vocab_size
+from .split import Split
+from .tasks import TASKS, Prompts, exact_match, vocab_size, zero_signal_fraction
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -47,7 +48,7 @@ PLOT = "curves.png"
 #: Files a run directory holds; ``--force`` removes exactly these, nothing else.
 RUN_FILES = (CHECKPOINT, METRICS, RECORD, PLOT)
 FORMAT = "dataflex-shim-checkpoint/1"
-_GENERATORS = ("init", "data", "rollout", "update", "eval", "pretrain")
+_GENERATORS = ("init", "data", "rollout", "update", "pretrain")
 
 
 class RunDirError(DataflexError):
@@ -84,10 +85,13 @@ class ShimTrainer:
         self.learnable = torch.tensor([TASKS[d].learnable for d in self.domains])
         seed = t["seed"]
         self.gens = {name: _generator(seed, name) for name in _GENERATORS}
+        # Built even without evaluation: a run trains on the same prompts whether or not it evaluates.
+        self.split = Split(self.domains, seed, resolved["data"]["heldout"])
         vocab = vocab_size(len(self.domains))
         self.policy = TinyPolicy(vocab, m["hidden"], m["layers"], self.gens["init"])
         if warm_start and m["pretrain_steps"]:
-            pretrain(self.policy, self.domains, m["pretrain_steps"], self.gens["pretrain"])
+            pretrain(self.policy, self.domains, self.split.draw, m["pretrain_steps"], self.gens["pretrain"],
+                     batch=m["pretrain_batch"])
         self.reference: TinyPolicy | None = None
         if t["kl_coef"] > 0:
             self.reference = TinyPolicy(vocab, m["hidden"], m["layers"], _generator(seed, "init"))
@@ -100,7 +104,6 @@ class ShimTrainer:
         self.mix = runtime.pipeline is not None and runtime.mechanism == "mix"
         if self.mix:
             runtime.pipeline.set_domains(self.domains)
-        self.eval_set = self._make_eval_set() if t["eval_every"] else None
 
     # ------------------------------------------------------------------ sampling
     def domain_probabilities(self) -> Tensor:
@@ -117,15 +120,10 @@ class ShimTrainer:
     def _draw(self, probs: Tensor) -> tuple[Prompts, Tensor]:
         n_prompts = self.t["prompts_per_step"]
         domains = torch.multinomial(probs, n_prompts, replacement=True, generator=self.gens["data"])
-        prompts = make_prompts(domains, self.domains, self.gens["data"])
+        prompts = self.split.draw(domains, self.gens["data"])
         uid = torch.arange(self.next_uid, self.next_uid + n_prompts)
         self.next_uid += n_prompts
         return prompts, uid
-
-    def _make_eval_set(self) -> Prompts:
-        per = self.t["eval_prompts"]
-        ids = torch.arange(len(self.domains)).repeat_interleave(per)
-        return make_prompts(ids, self.domains, self.gens["eval"])
 
     # ------------------------------------------------------------------ one step
     def _batch(self, uid: Tensor, domains: Tensor, **fields: Tensor) -> Batch:
@@ -150,6 +148,9 @@ class ShimTrainer:
         """Run one GRPO step and return its metrics (deterministic given the trainer state)."""
         step, t, n = self.step, self.t, self.t["group_size"]
         metrics: dict[str, float] = {"step": float(step)}
+        every = t["eval_every"]
+        if every and step == 0:
+            metrics.update(self.evaluate())  # the base policy, before any update
         probs = self.domain_probabilities()
         for name, p in zip(self.domains, probs.tolist()):
             metrics[f"data/prob/{name}"] = p
@@ -166,6 +167,9 @@ class ShimTrainer:
         rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
         rm_scores.scatter_(1, (lengths - 1).clamp_min(0)[:, None], reward[:, None])
         self._reward_metrics(reward, rows.domains, lengths, metrics)
+        n_prompts = len(prompts.domains)
+        metrics["data/zero_signal_groups"] = zero_signal_fraction(
+            reward, torch.arange(n_prompts).repeat_interleave(n), n_prompts)
         rolled = len(uid)
         batch = self._batch(uid, rows.domains, prompts=rows.tokens, responses=responses,
                             response_mask=response_mask, loss_mask=response_mask.clone(),
@@ -208,8 +212,7 @@ class ShimTrainer:
         decision = self.runtime.emit("on_step_end", batch, step)
         metrics.update(decision.metrics)
         self.step += 1
-        every = t["eval_every"]
-        if self.eval_set is not None and every and (self.step % every == 0 or step == 0):
+        if every and self.step % every == 0 and step > 0:
             metrics.update(self.evaluate())
         return metrics
 
@@ -271,19 +274,9 @@ class ShimTrainer:
         out["train/optimizer_steps"] = float(updates)
         return out
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy exact-match accuracy per domain on the fixed held-out prompts."""
-        assert self.eval_set is not None
-        self.policy.eval()
-        responses, mask, _ = generate(self.policy, self.eval_set.tokens, 1.0, None)
-        acc = exact_match(responses, mask, self.eval_set.targets).double()
-        d = len(self.domains)
-        per = segment_sum(acc, self.eval_set.domains, d) / segment_count(self.eval_set.domains, d)
-        out = {f"eval/{name}": float(per[i]) for i, name in enumerate(self.domains)}
-        if bool(self.learnable.any()):
-            out["eval/learnable"] = float(per[self.learnable].mean())
-        return out
+        """Exact greedy accuracy on every held-out prompt (``eval/heldout/...``)."""
+        return self.split.evaluate(self.policy)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -472,6 +465,7 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, res
     history: list[dict[str, float]] = []
     record: dict[str, Any] = {
         "config": resolved, "seed": t["seed"], "steps": t["steps"], "domains": trainer.domains,
+        "split": trainer.split.record(),
         "dataflex": runtime.record(), "machine": machine_info(), "sessions": [], "status": "running",
     }
     if out_dir is not None:
@@ -555,8 +549,8 @@ class _Progress:
         eta = (self.total - done) / rate if rate > 0 else 0.0
         parts = [f"reward {m.get('reward/mean', float('nan')):.2f}",
                  f"kept {m.get('train/kept_fraction', float('nan')):.2f}"]
-        if "eval/learnable" in m:
-            parts.append(f"eval {m['eval/learnable']:.2f}")
+        if "eval/heldout/learnable" in m:
+            parts.append(f"held-out {m['eval/heldout/learnable']:.2f}")
         line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  " + "  ".join(parts)
                 + f"  {rate:.1f} it/s  eta {eta:.0f}s")
         sys.stderr.write(("\r" + line + "\033[K") if self.tty else line + "\n")

@@ -7,7 +7,7 @@ from typing import Any
 
 #: Sizes that keep a test run to a fraction of a second per step; keys the caller sets win.
 SMALL = {"trainer": {"group_size": 4, "prompts_per_step": 8, "eval_every": 0, "save_every": 0},
-         "model": {"hidden": 16}}
+         "model": {"hidden": 16, "pretrain_steps": 30, "pretrain_batch": 64}}
 
 
 def run_short_training(config: Mapping[str, Any], *, steps: int = 3, seed: int = 0,
@@ -17,7 +17,8 @@ def run_short_training(config: Mapping[str, Any], *, steps: int = 3, seed: int =
     ``config`` is a full run config (the YAML ``dataflex run`` reads) or just a ``dataflex`` block
     (``{"mechanism": ..., "scorer": ..., "actuator": ...}``), which is wrapped as ``{"dataflex": block}``.
     With ``small`` (default) trainer and model sizes the config does not set are made small
-    (:data:`SMALL`: 8 prompts x 4 responses, no evaluation), the shim's defaults fill in the rest.
+    (:data:`SMALL`: 8 prompts x 4 responses, a short warm start, no evaluation), the shim's defaults
+    fill in the rest.
     Nothing is written to disk (``out=None``). Components registered in-process
     (``dataflex_register_plugin``) are visible to the run: the shim resolves names through the same
     registry.

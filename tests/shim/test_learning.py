@@ -23,7 +23,12 @@ def test_plain_grpo_learns_the_learnable_domains():
     start, end = mean(m[:10], "reward/learnable"), mean(m[-10:], "reward/learnable")
     assert end > start + 0.1, (start, end)
     assert mean(m[-10:], "reward/random") < 0.05  # the unlearnable domain stays at chance
-    assert m[-1]["eval/learnable"] > m[0]["eval/learnable"]
+    # headroom: most groups carry signal at the start, and the held-out prompts (never trained on) improve
+    assert m[0]["data/zero_signal_groups"] < 0.5
+    assert m[-1]["eval/heldout/learnable"] > m[0]["eval/heldout/learnable"] + 0.2
+    for name in ("copy", "sort", "reverse"):
+        assert m[-1][f"eval/heldout/{name}"] > m[0][f"eval/heldout/{name}"], name
+    assert m[-1]["eval/heldout/random"] < 0.02
 
 
 def test_difficulty_filter_keeps_only_mixed_groups(recorder):
@@ -46,5 +51,5 @@ def test_dump_moves_away_from_the_unlearnable_domain():
     assert m[5]["data/prob/random"] == 0.25  # uniform during the warmup
     after = mean(m[15:], "data/prob/random")
     assert after < 0.15, after
-    learnable = [mean(m[15:], f"data/prob/{d}") for d in ("copy", "add", "muladd")]
+    learnable = [mean(m[15:], f"data/prob/{d}") for d in ("copy", "sort", "reverse")]
     assert max(learnable) > after

@@ -32,7 +32,7 @@ def test_events_in_verl_order_with_verl_fields(recorder):
     assert "ref_log_prob" not in advantage.fields  # kl_coef = 0: no reference, as in verl
     # groups of group_size rows, the dataset's domains in a fixed order, no padding
     assert rollout.num_groups == 4 and rollout.group_sizes.tolist() == [4, 4, 4, 4]
-    assert rollout.domain_names == ["copy", "add", "muladd", "random"]
+    assert rollout.domain_names == ["copy", "sort", "reverse", "random"]
     assert not rollout.is_padding.any()
     # reward only on the last valid token; responses PAD after their end
     mask = rollout["response_mask"].bool()
@@ -43,6 +43,34 @@ def test_events_in_verl_order_with_verl_fields(recorder):
     # GRPO advantage broadcast over the response tokens
     adv = advantage["advantages"]
     assert torch.all(adv[~advantage["response_mask"].bool()] == 0)
+
+
+def test_zero_signal_metric_is_the_share_of_groups_with_equal_rewards(recorder):
+    m = run_training(tiny(trainer={"prompts_per_step": 16}), steps=3).metrics
+    rollouts = [(step, batch) for name, step, batch, _ in recorder.events if name == "on_rollout"]
+    assert len(rollouts) == 3
+    for step, batch in rollouts:
+        flat = 0
+        for g in range(batch.num_groups):  # by hand, group by group
+            values = batch.rewards[batch.group_index == g].tolist()
+            flat += len(set(values)) == 1
+        assert m[step]["data/zero_signal_groups"] == flat / batch.num_groups
+
+
+def test_heldout_eval_at_step_0_and_every_eval_every_updates():
+    from dataflex_bus.runtime import Runtime
+    from dataflex_bus.shim.config import resolve_config
+    from dataflex_bus.shim.trainer import ShimTrainer, host_context
+
+    cfg = tiny(trainer={"eval_every": 2}, data={"heldout": 30})
+    m = run_training(cfg, steps=5).metrics
+    keys = {"eval/heldout/copy", "eval/heldout/sort", "eval/heldout/reverse", "eval/heldout/random",
+            "eval/heldout/learnable"}
+    assert [keys <= set(x) for x in m] == [True, True, False, True, False]
+    # step 0 scores the warm-started policy before any update
+    resolved = resolve_config(cfg)
+    base = ShimTrainer(resolved, Runtime(None, context=host_context(resolved)))
+    assert {k: m[0][k] for k in keys} == base.evaluate()
 
 
 def test_reference_log_probs_when_kl_is_on(recorder):
@@ -187,7 +215,7 @@ def test_out_none_writes_nothing(tmp_path, monkeypatch):
 
 def test_mismatched_checkpoint_is_refused(tmp_path, shim_components):
     run_training(tiny(SELECT_EVEN), steps=2, out=tmp_path)
-    with pytest.raises(CheckpointError, match=r"trainer\.lr: checkpoint 0\.003, config 0\.01"):
+    with pytest.raises(CheckpointError, match=r"trainer\.lr: checkpoint 0\.0005, config 0\.01"):
         run_training(tiny(SELECT_EVEN, trainer={"lr": 0.01}), steps=4, out=tmp_path, resume=True)
     with pytest.raises(CheckpointError, match=r"dataflex\.actuator\.name"):
         run_training(tiny(sel({"name": "t_first_half"}, scorer="t_adv")), steps=4, out=tmp_path, resume=True)
