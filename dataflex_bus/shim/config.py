@@ -24,7 +24,7 @@ from .tasks import TASKS
 
 TRAINER: dict[str, Param] = {
     "steps": Param(int, 200, low=1, doc="training steps"),
-    "seed": Param(int, 0, low=0, doc="seed of every generator the run owns"),
+    "seed": Param(int, 0, low=0, doc="seed of the RL run: domain and prompt draws, rollouts, mini-batch order"),
     "group_size": Param(int, 8, low=1, doc="responses per prompt (verl's rollout.n)"),
     "prompts_per_step": Param(int, 64, low=1, doc="prompts drawn per step (verl's train_batch_size)"),
     "lr": Param(float, 0.0005, low=0.0, low_open=True, doc="Adam learning rate"),
@@ -41,12 +41,15 @@ TRAINER: dict[str, Param] = {
     "threads": Param(int, 1, low=1, doc="torch CPU threads during the run"),
 }
 MODEL: dict[str, Param] = {
+    "seed": Param(int, 0, low=0, doc="seed of the base policy (initialisation and warm start), which stays "
+                  "fixed when trainer.seed changes, as a pretrained checkpoint does"),
     "hidden": Param(int, 64, low=1, doc="GRU width"),
     "layers": Param(int, 1, low=1, doc="GRU layers"),
     "pretrain_steps": Param(int, 500, low=0, doc="supervised warm start on noisy answers (0: cold start)"),
-    "pretrain_batch": Param(int, 256, low=1, doc="prompts per warm-start step"),
+    "pretrain_batch": Param(int, 128, low=1, doc="prompts per warm-start step"),
 }
 DATA: dict[str, Param] = {
+    "seed": Param(int, 0, low=0, doc="seed of the train/held-out split"),
     "heldout": Param(int, 600, low=1, doc="held-out prompts per domain (spread over its levels), never trained on"),
 }
 DATA_KEYS = ("domains", *DATA)

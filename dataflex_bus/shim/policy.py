@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .tasks import EOS, MAX_RESPONSE_LEN, NUM_OUTPUTS, PAD, Prompts, noisy_targets
+from .tasks import EOS, MAX_RESPONSE_LEN, NUM_OUTPUTS, PAD, Prompts, pretraining_targets
 
 
 class TinyPolicy(nn.Module):
@@ -80,11 +80,12 @@ def generate(policy: TinyPolicy, prompts: Tensor, temperature: float,
 
 def pretrain(policy: TinyPolicy, names: Sequence[str], draw: Callable[[Tensor, torch.Generator], Prompts],
              steps: int, gen: torch.Generator, *, batch: int = 128, lr: float = 0.01) -> float:
-    """Supervised warm start on noisy answers (see :func:`~dataflex_bus.shim.tasks.noisy_targets`) to
-    prompts from ``draw`` (the training split's sampler: held-out prompts are never seen).
+    """Supervised warm start (see :func:`~dataflex_bus.shim.tasks.pretraining_targets`) on prompts from
+    ``draw``, the training split's sampler: held-out prompts are never seen.
 
-    Turns the random network into a weak base policy that knows the answer format and part of each
-    algorithm. Uses its own optimizer, which is discarded. Returns the last loss.
+    Each prompt's loss is the share-weighted mix of the negative log-likelihoods of its right answer and
+    of its habit's answer, per token over both. Turns the random network into a base policy that knows
+    the answer format and both rules. Uses its own optimizer, which is discarded. Returns the last loss.
     """
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     # Decaying to 0 settles the weights: the base policy varies less from seed to seed.
@@ -93,10 +94,11 @@ def pretrain(policy: TinyPolicy, names: Sequence[str], draw: Callable[[Tensor, t
     for _ in range(steps):
         ids = torch.randint(0, len(names), (batch,), generator=gen)
         prompts = draw(ids, gen)
-        targets = noisy_targets(prompts, list(names), gen)
-        mask = (targets != PAD).float()
-        logp = token_log_probs(policy, prompts.tokens, targets, 1.0)
-        loss = -(logp * mask).sum() / mask.sum()
+        right, habit, share = pretraining_targets(prompts, list(names))
+        targets = torch.cat([right, habit])
+        weight = torch.cat([share, 1.0 - share])[:, None] * (targets != PAD)
+        logp = token_log_probs(policy, prompts.tokens.repeat(2, 1), targets, 1.0)
+        loss = -(logp * weight).sum() / weight.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -1,19 +1,19 @@
 """Synthetic, verifiable tasks for the CPU shim, generated in code from a seed.
 
-A prompt is ``[PAD.., <domain>, d_1, ..., d_n]``: a domain token and a string of ``n`` digits from 1..9,
-left-padded to :data:`PROMPT_LEN` (verl left-pads prompts too). The answer is a digit string closed by
-``EOS``; the reward is binary exact match of the whole response, EOS included. Responses have
-variable lengths, so token-mean matters.
+A prompt is ``[PAD.., <domain>, d_1, ..., d_n]``: a domain token and a string of ``n`` digits, left-padded
+to :data:`PROMPT_LEN` (verl left-pads prompts too). The answer is a digit string closed by ``EOS``; the
+reward is binary exact match of the whole response, EOS included. Responses have variable lengths, so
+token-mean matters.
 
-Every domain has graded difficulty: its *levels* are string lengths, a prompt draws its level
-uniformly and then its digits uniformly. A (domain, level) pair is a finite *cell* of ``9**n`` prompts,
-which :mod:`~dataflex_bus.shim.split` splits into a training part and a held-out part.
+Every domain has graded difficulty: its *levels* are string lengths; a prompt draws its level uniformly,
+then its digits uniformly. A (domain, level) pair is a finite *cell* of ``10**n`` prompts, which
+:mod:`~dataflex_bus.shim.split` splits into a training part and a held-out part.
 
-RL starts from a pretrained model, so the policy first fits pretraining data (:func:`noisy_targets`)
-that give the right answer only part of the time and a domain-specific *habit* otherwise, a plausible
-wrong rule (copying where it should reverse, ...), more often on longer strings. The base policy knows
-both rules; where it prefers the habit, greedy decoding is wrong although sampling finds the right
-answer often. GRPO groups then hold mixed outcomes from the first step, and RL has real work to do:
+RL starts from a pretrained model, so the policy first fits pretraining data (:func:`pretraining_targets`)
+that give the right answer only part of the time and a domain-specific *habit* otherwise: a plausible
+wrong rule (swapping the last two digits of a copy, ...), more often on longer strings. The base policy
+knows both rules; where it prefers the habit, greedy decoding is wrong although sampling often finds
+the right answer. GRPO groups then hold mixed outcomes from the first step, and RL has real work to do:
 making the right answer the policy's first choice, on prompts it has never trained on too.
 """
 
@@ -101,6 +101,9 @@ def _rotate_left(digits: Tensor, lengths: Tensor) -> Tensor:
     return digits.gather(1, src)
 
 
+# Each habit is a near miss of its own rule, and no two domains share one, so RL unlearns it domain by
+# domain. The label accuracies set how far each domain starts from preferring the right answer: copy
+# closest, reverse furthest.
 TASKS: dict[str, Task] = {
     "copy": Task("copy", (3, 4), _copy, _swap_last_two, (0.6, 0.45),
                  "repeat the digits (habit: swaps the last two)"),
@@ -192,22 +195,24 @@ def build_prompts(domains: Tensor, levels: Tensor, digits: Tensor, names: list[s
                    targets)
 
 
-def noisy_targets(prompts: Prompts, names: list[str], gen: torch.Generator) -> Tensor:
-    """Pretraining targets: the right answer with the level's ``label_accuracy``, else the domain's habit;
-    the unlearnable domain keeps its random answers.
+def pretraining_targets(prompts: Prompts, names: list[str]) -> tuple[Tensor, Tensor, Tensor]:
+    """What the warm start fits: the right answers, the habit's answers and, per row, the share of
+    right answers (the level's ``label_accuracy``; 1 for the unlearnable domain, which has no habit).
 
-    Fitting these gives a "base model" that knows the answer format and both rules and, where the label
-    accuracy is below one half, prefers the habit: greedy decoding is wrong there although sampling
-    often finds the right answer, as with an LLM whose pass@k is well above its pass@1.
+    The warm start weighs the two targets by that share rather than drawing one of them, which gives the
+    same expected loss without label noise: base policies differ less from seed to seed. Fitted, they
+    give a "base model" that knows the answer format and both rules and, where the share is below one
+    half, prefers the habit: greedy decoding is wrong there although sampling often finds the right
+    answer, as with an LLM whose pass@k is well above its pass@1.
     """
     width = max(len(TASKS[n].lengths) for n in names)
-    table = torch.zeros(len(names), width)
+    table = torch.ones(len(names), width)
     for d, name in enumerate(names):
-        table[d, : len(TASKS[name].lengths)] = torch.tensor(TASKS[name].label_accuracy)
-    right = torch.rand(prompts.domains.shape[0], generator=gen) < table[prompts.domains, prompts.levels]
+        if TASKS[name].learnable:
+            table[d, : len(TASKS[name].lengths)] = torch.tensor(TASKS[name].label_accuracy)
     habit = _apply([TASKS[n].habit for n in names], prompts.domains, prompts.digits, prompts.lengths,
                    prompts.targets)
-    return torch.where(right[:, None], prompts.targets, habit)
+    return prompts.targets, habit, table[prompts.domains, prompts.levels]
 
 
 def exact_match(responses: Tensor, response_mask: Tensor, targets: Tensor) -> Tensor:

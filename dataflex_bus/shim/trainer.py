@@ -49,6 +49,8 @@ PLOT = "curves.png"
 RUN_FILES = (CHECKPOINT, METRICS, RECORD, PLOT)
 FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
+#: Generators of the base policy, seeded by ``model.seed``; the others by ``trainer.seed``.
+_BASE_GENERATORS = ("init", "pretrain")
 
 
 class RunDirError(DataflexError):
@@ -84,9 +86,10 @@ class ShimTrainer:
         self.domains: list[str] = list(resolved["data"]["domains"])
         self.learnable = torch.tensor([TASKS[d].learnable for d in self.domains])
         seed = t["seed"]
-        self.gens = {name: _generator(seed, name) for name in _GENERATORS}
+        self.gens = {name: _generator(m["seed"] if name in _BASE_GENERATORS else seed, name)
+                     for name in _GENERATORS}
         # Built even without evaluation: a run trains on the same prompts whether or not it evaluates.
-        self.split = Split(self.domains, seed, resolved["data"]["heldout"])
+        self.split = Split(self.domains, resolved["data"]["seed"], resolved["data"]["heldout"])
         vocab = vocab_size(len(self.domains))
         self.policy = TinyPolicy(vocab, m["hidden"], m["layers"], self.gens["init"])
         if warm_start and m["pretrain_steps"]:
@@ -94,7 +97,7 @@ class ShimTrainer:
                      batch=m["pretrain_batch"])
         self.reference: TinyPolicy | None = None
         if t["kl_coef"] > 0:
-            self.reference = TinyPolicy(vocab, m["hidden"], m["layers"], _generator(seed, "init"))
+            self.reference = TinyPolicy(vocab, m["hidden"], m["layers"], _generator(m["seed"], "init"))
             self.reference.load_state_dict(self.policy.state_dict())
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=t["lr"])

@@ -85,6 +85,21 @@ def test_split_does_not_depend_on_the_method_or_the_mix(shim_components):
         assert torch.equal(other.heldout.targets, splits[0].heldout.targets)
 
 
+def test_trainer_seed_varies_the_rl_run_not_the_split_nor_the_base_policy():
+    def build(**sections):
+        resolved = resolve_config(tiny(**sections))
+        return ShimTrainer(resolved, Runtime(None, context=host_context(resolved)))
+
+    base, other_run = build(), build(trainer={"seed": 5})
+    assert torch.equal(base.split.heldout_index, other_run.split.heldout_index)
+    assert all(torch.equal(a, b) for a, b in zip(base.policy.parameters(), other_run.policy.parameters()))
+    assert base.train_step() != other_run.train_step()  # different prompts and rollouts
+    assert not torch.equal(base.split.heldout_index, build(data={"seed": 5}).split.heldout_index)
+    other_model = build(model={"seed": 5})
+    assert torch.equal(base.split.heldout_index, other_model.split.heldout_index)
+    assert not all(torch.equal(a, b) for a, b in zip(base.policy.parameters(), other_model.policy.parameters()))
+
+
 def test_run_json_records_the_split_sizes(tmp_path):
     run_training(tiny(data={"heldout": 90}), steps=1, out=tmp_path)
     record = json.loads((tmp_path / "run.json").read_text())

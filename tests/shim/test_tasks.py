@@ -1,5 +1,6 @@
 """Tasks, rewards and the loss pieces: deterministic, exact, and verl's semantics."""
 
+import pytest
 import torch
 
 from dataflex_bus.shim.losses import policy_loss, token_mean
@@ -12,7 +13,7 @@ from dataflex_bus.shim.tasks import (
     TASKS,
     encode_answer,
     exact_match,
-    noisy_targets,
+    pretraining_targets,
     random_match_probability,
     zero_signal_fraction,
 )
@@ -94,23 +95,22 @@ def test_random_domain_answer_does_not_follow_the_prompt():
     assert not TASKS["random"].learnable and all(TASKS[n].learnable for n in NAMES[:3])
 
 
-def test_noisy_targets_mix_the_right_answer_and_the_habit_by_level():
-    p = draw(4, n=6000)
-    noisy = noisy_targets(p, NAMES, torch.Generator().manual_seed(0))
-    right = (noisy == p.targets).all(-1)
-    for d, name in enumerate(NAMES[:3]):
-        for level, acc in enumerate(TASKS[name].label_accuracy):
-            rows = (p.domains == d) & (p.levels == level)
-            digits = [prompt_string(t) for t in p.tokens[rows]]
-            habit = [HABITS[name](s) for s in digits]
-            written = [text(t) for t in noisy[rows]]
-            # every label is the right answer or the habit's, in the level's proportion (+ coincidences)
-            assert all(w in (RULES[name](s), h) for w, s, h in zip(written, digits, habit))
-            coincide = sum(RULES[name](s) == h for s, h in zip(digits, habit)) / len(digits)
-            share = float(right[rows].double().mean())
-            expected = acc + (1 - acc) * coincide
-            assert abs(share - expected) < 0.06, (name, level, share, expected)
-    assert torch.equal(noisy[p.domains == 3], p.targets[p.domains == 3])  # random keeps its answers
+def test_pretraining_targets_are_the_right_answer_and_the_habit_weighted_by_level():
+    p = draw(4, n=1500)
+    right, habit, share = pretraining_targets(p, NAMES)
+    assert torch.equal(right, p.targets)
+    for row in range(len(p.domains)):
+        name = NAMES[int(p.domains[row])]
+        level = int(p.levels[row])
+        if name in HABITS:
+            digits = prompt_string(p.tokens[row])
+            assert text(habit[row]) == HABITS[name](digits), (name, digits)
+            assert float(share[row]) == pytest.approx(TASKS[name].label_accuracy[level])
+        else:  # the unlearnable domain has no habit: its own (random) answer, fully weighted
+            assert torch.equal(habit[row], right[row]) and float(share[row]) == 1.0
+    # the habit is a real mistake on most prompts
+    learnable = p.domains < 3
+    assert float((habit[learnable] != right[learnable]).any(-1).double().mean()) > 0.8
 
 
 def test_encode_answer_variable_length():
