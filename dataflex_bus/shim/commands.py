@@ -81,6 +81,10 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{s['reward/learnable']:.3f} (last 10%)")
     per = "  ".join(f"{d} {s[f'reward/{d}']:.2f}" for d in domains if f"reward/{d}" in s)
     print(f"final reward per domain: {per}   kept fraction {s.get('train/kept_fraction_all', 1.0):.3f}")
+    evals = [m for m in result.metrics if "eval/heldout/learnable" in m]
+    if evals:
+        print(f"held-out accuracy on learnable domains: {evals[0]['eval/heldout/learnable']:.3f} (step "
+              f"{evals[0]['step']:.0f}) -> {evals[-1]['eval/heldout/learnable']:.3f} (step {evals[-1]['step']:.0f})")
     print(_plot(result.metrics, resolved, out / PLOT, f"{Path(args.config).stem} (seed {resolved['trainer']['seed']})"))
     return 0
 

@@ -25,15 +25,20 @@ def write(path, config):
 def test_run_writes_metrics_record_and_plot(tmp_path, capsys):
     cfg = write(tmp_path / "plain.yaml", tiny())
     out = tmp_path / "out"
-    assert main(["run", str(cfg), "--steps", "3", "--out", str(out), "--no-progress", "trainer.lr=0.01"]) == 0
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and "reward/mean" in json.loads(lines[0])
+    assert main(["run", str(cfg), "--steps", "3", "--out", str(out), "--no-progress", "trainer.lr=0.01",
+                 "trainer.eval_every=2", "data.heldout=30"]) == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and "reward/mean" in lines[0]
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "complete" and record["config"]["trainer"]["lr"] == 0.01
+    assert sum(record["split"]["copy"]["heldout"]) == 30
     assert any(p.startswith("dataflex-bus==") for p in record["dataflex"]["plugins"])
     assert {"platform", "torch", "cpu_count"} <= set(record["machine"]) and record["wall_s"] > 0
     assert (out / "curves.png").stat().st_size > 0
-    assert "final reward per domain" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "final reward per domain" in printed
+    first, last = lines[0]["eval/heldout/learnable"], lines[1]["eval/heldout/learnable"]
+    assert f"held-out accuracy on learnable domains: {first:.3f} (step 0) -> {last:.3f} (step 1)" in printed
 
 
 def test_run_refuses_to_overwrite_without_force(tmp_path, capsys):
