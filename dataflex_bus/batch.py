@@ -45,7 +45,6 @@ class Batch:
         domain_names: Sequence[str] = (),
         is_padding: Tensor | None = None,
         uid: Sequence[str] | None = None,
-        meta: Mapping[str, Any] | None = None,
     ) -> None:
         self.fields: dict[str, Tensor] = dict(fields)
         size = self._infer_size()
@@ -59,7 +58,6 @@ class Batch:
         self.domain_ids = domain_ids
         self.domain_names = list(domain_names)
         self.uid = list(uid) if uid is not None else None
-        self.meta: dict[str, Any] = dict(meta or {})
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -70,7 +68,6 @@ class Batch:
         domains: Sequence[Any] | Tensor | None = None,
         domain_names: Sequence[str] | None = None,
         is_padding: Tensor | Sequence[bool] | None = None,
-        meta: Mapping[str, Any] | None = None,
         **fields: Tensor,
     ) -> Batch:
         """Build a batch from plain tensors.
@@ -108,7 +105,7 @@ class Batch:
                 names = found
         pad = None if is_padding is None else torch.as_tensor(is_padding, dtype=torch.bool)
         return cls(fields, group_ids=group_ids, domain_ids=domain_ids, domain_names=names,
-                   is_padding=pad, uid=uid_list, meta=meta)
+                   is_padding=pad, uid=uid_list)
 
     def _infer_size(self) -> int:
         sizes = {name: t.shape[0] for name, t in self.fields.items() if t.dim() > 0}
@@ -250,6 +247,16 @@ class Batch:
             return torch.full((len(self),), -1, dtype=torch.long)
         return torch.where(self.valid_rows, self.domain_ids, torch.full_like(self.domain_ids, -1))
 
+    def per_domain(self, values: Tensor) -> tuple[Tensor, Tensor]:
+        """``(rows, mean of values)`` per entry of ``domain_names`` over real rows (float64 means, NaN
+        for a domain without rows); what both hosts report as per-domain reward."""
+        from .ops import segment_count, segment_sum
+
+        d = len(self.domain_names)
+        rows = segment_count(self.domain_index, d)
+        total = segment_sum(values.double(), self.domain_index, d)
+        return rows, total / rows.double()
+
     # ------------------------------------------------------------------ transforms
     def select(self, rows: Tensor) -> Batch:
         """A new batch holding only ``rows`` (bool mask or index tensor), labels carried along."""
@@ -264,7 +271,6 @@ class Batch:
             domain_names=self.domain_names,
             is_padding=self.is_padding[rows],
             uid=uid,
-            meta=self.meta,
         )
 
     def derive(self, *, fields: Mapping[str, Tensor] | None = None, is_padding: Tensor | None = None,
@@ -277,7 +283,6 @@ class Batch:
             domain_names=self.domain_names if domain_names is None else domain_names,
             is_padding=self.is_padding if is_padding is None else is_padding,
             uid=self.uid,
-            meta=self.meta,
         )
 
     def with_fields(self, **fields: Tensor) -> Batch:

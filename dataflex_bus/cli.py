@@ -21,6 +21,8 @@ COMMANDS = {
     "doctor": "dataflex_bus.verl.doctor:cmd_doctor",
     "new-plugin": "dataflex_bus.template:cmd_new_plugin",
 }
+#: Commands that log (configuring costs a structlog import, which ``dataflex plugins`` must not pay).
+LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,10 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if args.log_json:
-        import os
+    if args.command in LOGGING_COMMANDS:
+        # The application configures logging; the library never does (it may run inside verl).
+        from .logs import configure
 
-        os.environ["DATAFLEX_LOG_FORMAT"] = "json"  # read when a command first logs
+        configure(json=True if args.log_json else None)
     module_name, _, func = COMMANDS[args.command].partition(":")
     handler = getattr(import_module(module_name), func)
     from .errors import DataflexError
@@ -142,7 +145,7 @@ def host_context(config: dict[str, Any]) -> dict[str, Any]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .config import load_config
     from .errors import ConfigError, ConfigIssue
-    from .pipeline import validate
+    from .validation import validate
 
     config = load_config(args.config, args.overrides)
     block = config.get("dataflex")

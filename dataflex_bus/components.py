@@ -10,12 +10,12 @@ cannot work.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import ConfigIssue
+from .schema import Param, check_section
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,87 +33,12 @@ KINDS = ("scorer", "selector", "reweighter", "mixer")
 #: Which actuator kind serves each mechanism.
 MECHANISM_KIND = {"select": "selector", "reweight": "reweighter", "mix": "mixer"}
 
-_REQUIRED = object()
-
-
-@dataclass(frozen=True)
-class Param:
-    """A declared component parameter: type, default and allowed range or choices.
-
-    ``low``/``high`` bound numbers (``low_open``/``high_open`` make a bound exclusive); ``choices``
-    lists the allowed values. A parameter without ``default`` is required.
-    """
-
-    type: type | tuple[type, ...]
-    default: Any = _REQUIRED
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple[Any, ...] | None = None
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-    def describe(self) -> str:
-        """Human-readable allowed values, used in error messages and docs."""
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(c) for c in self.choices)
-        names = self.type if isinstance(self.type, tuple) else (self.type,)
-        text = " or ".join(t.__name__ for t in names)
-        if self.low is not None or self.high is not None:
-            lo = "(-inf" if self.low is None else ("(" if self.low_open else "[") + f"{self.low:g}"
-            hi = "inf)" if self.high is None else f"{self.high:g}" + (")" if self.high_open else "]")
-            text += f" in {lo}, {hi}"
-        return text
-
-    def coerce(self, key: str, value: Any) -> tuple[Any, ConfigIssue | None]:
-        """Check and convert one value; returns ``(value, issue)``."""
-        types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if isinstance(value, bool) and bool not in types:
-            return value, ConfigIssue(key, f"expected {self.describe()}, got bool {value!r}")
-        if not isinstance(value, types):
-            if float in types and isinstance(value, int):
-                value = float(value)
-            else:
-                return value, ConfigIssue(
-                    key, f"expected {self.describe()}, got {type(value).__name__} {value!r}"
-                )
-        if self.choices is not None and value not in self.choices:
-            return value, ConfigIssue(key, f"{value!r} is not allowed", self.choices)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if isinstance(value, float) and not math.isfinite(value):
-                return value, ConfigIssue(key, f"must be finite, got {value!r}")
-            too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
-            too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
-            if too_low or too_high:
-                return value, ConfigIssue(key, f"{value!r} is out of range: expected {self.describe()}")
-        return value, None
-
-
 def resolve_params(
     cls: type[Component], given: Mapping[str, Any], key: str = "params"
 ) -> tuple[dict[str, Any], list[ConfigIssue]]:
     """Validate ``given`` against ``cls.params``; returns the full parameter dict and every issue."""
     issues: list[ConfigIssue] = []
-    declared = cls.params
-    for name in given:
-        if name not in declared:
-            issues.append(ConfigIssue(f"{key}.{name}", f"unknown parameter of {cls.__name__}", sorted(declared)))
-    values: dict[str, Any] = {}
-    for name, spec in declared.items():
-        if name in given:
-            value, issue = spec.coerce(f"{key}.{name}", given[name])
-            if issue:
-                issues.append(issue)
-                continue
-            values[name] = value
-        elif spec.required:
-            issues.append(ConfigIssue(f"{key}.{name}", f"required parameter of {cls.__name__} is missing"))
-        else:
-            values[name] = spec.default
+    values = check_section(given, cls.params, key, issues, owner=cls.__name__)
     if not issues:
         issues.extend(
             ConfigIssue(f"{key}.{param}" if param else key, message)
@@ -145,6 +70,11 @@ class Component:
         for key, value in values.items():
             setattr(self, key, value)
         self.name = self.name or type(self).__name__
+
+    @property
+    def who(self) -> str:
+        """How errors name this component: ``"selector 'dapo'"``."""
+        return f"{self.kind} {self.name!r}"
 
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -229,6 +159,10 @@ class Selector(Actuator):
 
     kind: ClassVar[str] = "selector"
     mechanism: ClassVar[str] = "select"
+    #: Returns recomputed ``advantages`` over the rows it keeps (a subset selector such as PODS).
+    rewrites_advantages: ClassVar[bool] = False
+    #: Drops exactly the zero-variance groups (what verl's own ``algorithm.filter_groups`` evicts).
+    filters_zero_variance: ClassVar[bool] = False
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:

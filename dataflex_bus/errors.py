@@ -10,19 +10,23 @@ class DataflexError(Exception):
 
 
 class ConfigIssue:
-    """One problem found in a config: the dotted key, what is wrong, and what would be allowed."""
+    """One problem found in a config: the dotted key, what is wrong, what would be allowed, and a hint
+    (a did-you-mean) shown last."""
 
-    __slots__ = ("allowed", "key", "message")
+    __slots__ = ("allowed", "hint", "key", "message")
 
-    def __init__(self, key: str, message: str, allowed: Iterable[object] | None = None) -> None:
+    def __init__(self, key: str, message: str, allowed: Iterable[object] | None = None, hint: str = "") -> None:
         self.key = key
         self.message = message
         self.allowed = list(allowed) if allowed is not None else None
+        self.hint = hint
 
     def __str__(self) -> str:
         text = f"{self.key}: {self.message}"
         if self.allowed:
             text += f" (allowed: {', '.join(str(a) for a in self.allowed)})"
+        if self.hint:
+            text += f"; {self.hint}"
         return text
 
     def __repr__(self) -> str:

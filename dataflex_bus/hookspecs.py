@@ -14,17 +14,24 @@ Plugins implement these hooks with ``@dataflex_bus.hookimpl``. There are two fam
 Every event hook receives the same three arguments, so an implementation may accept any subset of them:
 ``batch`` (:class:`dataflex_bus.Batch`), ``step`` (the 0-based training step) and ``decision``
 (:class:`dataflex_bus.Decision`, which participants fill in and observers read).
+
+Every event's batch holds at least ``response_mask``, ``rm_scores``, the row labels ``uid`` and domain
+(``data_source`` by default) and the padding flags; each event's docstring lists what it adds. A host may
+keep other fields where they live (verl keeps them in TransferQueue): a participant gets the fields its
+components declare in ``requires``, and an observer asks for more with :func:`dataflex_fields`.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
     from .batch import Batch
-    from .pipeline import Decision
+    from .decision import Decision
     from .registry import Register
 
 PROJECT = "dataflex"
@@ -48,13 +55,23 @@ def dataflex_register(register: Register) -> None:
 
 
 @hookspec
+def dataflex_fields(event: str) -> Sequence[str]:
+    """Name the batch fields this plugin's hook for ``event`` reads beyond the guaranteed ones.
+
+    Called once per event when a host builds its runtime; a host that keeps fields elsewhere (verl)
+    fetches the union of what participants require and observers name here. Fields the host does not
+    have at that event (see each event below) are left out.
+    """
+
+
+@hookspec
 def on_rollout(batch: Batch, step: int, decision: Decision) -> None:
     """Rewards are known; old log-probs, reference log-probs and advantages are not computed yet.
 
-    Fields present: ``prompts``, ``responses``, ``response_mask``, ``loss_mask``, ``rm_scores`` plus the
-    row labels ``uid`` and the domain column. A ``select`` pipeline with a ``post_reward`` scorer whose
-    selector keeps or drops whole groups (``Selector.keeps_whole_groups``) acts here: the groups it drops
-    are removed before any further compute is spent on them.
+    Available on request: ``prompts``, ``responses``, ``loss_mask``, ``attention_mask``, ``input_ids``,
+    ``rollout_log_probs``. A ``select`` method with a ``post_reward`` scorer whose selector keeps or
+    drops whole groups (``Selector.keeps_whole_groups``) acts here: the groups it drops are removed before
+    any further compute is spent on them.
     """
 
 
@@ -62,9 +79,10 @@ def on_rollout(batch: Batch, step: int, decision: Decision) -> None:
 def on_advantage(batch: Batch, step: int, decision: Decision) -> None:
     """Advantages are computed; the policy update has not run.
 
-    Adds ``old_log_probs``, ``advantages``, ``returns`` and, when present, ``ref_log_prob`` and
-    ``rollout_is_weights``. ``reweight`` pipelines, ``select`` pipelines with a ``post_advantage`` scorer
-    and subset selectors (which rewrite ``advantages`` over the rows they keep) act here.
+    Adds ``loss_mask``, ``advantages`` and, when the host computed them, ``rollout_is_weights``; available
+    on request: ``old_log_probs``, ``ref_log_prob``, ``returns``, ``entropy``, ``values``,
+    ``token_level_rewards``. ``reweight`` methods, ``select`` methods with a ``post_advantage`` scorer and
+    subset selectors (which rewrite ``advantages`` over the rows they keep) act here.
     """
 
 
@@ -72,8 +90,10 @@ def on_advantage(batch: Batch, step: int, decision: Decision) -> None:
 def on_step_end(batch: Batch, step: int, decision: Decision) -> None:
     """The policy update of this step is done; emitted before the host saves a checkpoint.
 
-    ``mix`` pipelines update their per-domain statistics here and publish the domain probabilities that
-    the sampler uses for the *next* prompts. Observers typically log ``decision.metrics`` here.
+    The batch holds the rows that went through the step (after any removal); the fields of
+    ``on_advantage`` are available on request. ``mix`` methods update their per-domain statistics here
+    and publish the domain probabilities that the sampler uses for the *next* prompts. Observers
+    typically log ``decision.metrics`` here.
     """
 
 
@@ -84,3 +104,13 @@ def documented_hooks() -> dict[str, Any]:
         for name, obj in globals().items()
         if callable(obj) and hasattr(obj, f"{PROJECT}_spec")
     }
+
+
+def markdown() -> str:
+    """The hook reference as Markdown, rendered from the docstrings above: ``docs/DESIGN.md`` embeds
+    exactly this text, so the docstrings are the single source (a test compares them)."""
+    parts = []
+    for name, fn in documented_hooks().items():
+        params = ", ".join(inspect.signature(fn).parameters)
+        parts.append(f"#### `{name}({params})`\n\n{inspect.cleandoc(fn.__doc__ or '')}\n")
+    return "\n".join(parts)

@@ -15,33 +15,14 @@ from typing import Any
 
 from ..config import load_config
 from ..errors import ConfigError, ConfigIssue, PluginRuntimeError
-from ..pipeline import validate
 from . import report
-from .trainer import (
-    CHECKPOINT,
-    METRICS,
-    PLOT,
-    RECORD,
-    RunDirError,
-    check_run_dir,
-    fingerprint,
-    host_context,
-    prepare_config,
-    read_metrics,
-    run_training,
-)
+from .config import fingerprint, prepare
+from .files import CHECKPOINT, METRICS, PLOT, RECORD, RunDirError, check_run_dir, read_metrics
+from .run import run_training
 
 COMPARE_PLOT = "compare.png"
 COMPARE_TABLE = "table.md"
 COMPARE_SUMMARY = "summary.json"
-
-
-def _checked(config: dict[str, Any], *, steps: int | None, seed: int | None) -> dict[str, Any]:
-    """The resolved config, with the dataflex block validated against the installed plugins."""
-    resolved = prepare_config(config, steps=steps, seed=seed)
-    if resolved["dataflex"]:
-        validate(resolved["dataflex"], context=host_context(resolved))
-    return resolved
 
 
 def _plot(metrics: list[dict[str, float]], resolved: dict[str, Any], path: Path, title: str) -> str:
@@ -57,13 +38,11 @@ def _plot(metrics: list[dict[str, float]], resolved: dict[str, Any], path: Path,
 def cmd_run(args: argparse.Namespace) -> int:
     if args.force and args.resume:
         raise ConfigError(ConfigIssue("--force/--resume", "choose one: --force starts over, --resume continues"))
-    config = load_config(args.config, args.overrides)
-    resolved = _checked(config, steps=args.steps, seed=args.seed)
+    prepared = prepare(load_config(args.config, args.overrides), steps=args.steps, seed=args.seed)
+    resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    if not args.resume:
-        check_run_dir(out, force=args.force)
     try:
-        result = run_training(config, steps=args.steps, seed=args.seed, out=out, resume=args.resume,
+        result = run_training(prepared, out=out, resume=args.resume, force=args.force,
                               progress=not args.no_progress)
     except PluginRuntimeError:
         ckpt = out / CHECKPOINT
@@ -127,11 +106,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             plans.append((label, [(path, None, None)]))
             continue
         config = load_config(path)
-        base = _checked(config, steps=args.steps, seed=None)
+        base = prepare(config, steps=args.steps).resolved
         seeds = args.seeds or [base["trainer"]["seed"]]
         runs = []
         for seed in seeds:
-            resolved = _checked(config, steps=args.steps, seed=seed)
+            resolved = prepare(config, steps=args.steps, seed=seed).resolved
             runs.append((out / label / f"seed{seed}", config, resolved))
         seeds_of[label] = list(seeds)
         plans.append((label, runs))

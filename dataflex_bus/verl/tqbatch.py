@@ -59,8 +59,7 @@ def padding_flags(tags: Sequence[Mapping[str, Any]]) -> Tensor:
     return torch.tensor([bool(tag.get("is_padding", False)) for tag in tags], dtype=torch.bool)
 
 
-def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key: str = "data_source",
-             meta: Mapping[str, Any] | None = None) -> Batch:
+def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key: str = "data_source") -> Batch:
     """Build a :class:`Batch` from a ``kv_batch_get`` result and the keys' tags.
 
     Group labels come from the ``uid`` field, domain labels from the ``domain_key`` field, padding
@@ -80,7 +79,7 @@ def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key:
         raise BatchFieldError("dataflex verl adapter", "<fields>",
                               f"TransferQueue returned no tensor field (got {sorted(data.keys())})")
     return Batch.from_tensors(uid=labels.get("uid"), domains=labels.get(domain_key),
-                              is_padding=padding_flags(tags), meta=meta, **fields)
+                              is_padding=padding_flags(tags), **fields)
 
 
 def put(meta: KVBatchMeta, fields: Mapping[str, Tensor]) -> KVBatchMeta:

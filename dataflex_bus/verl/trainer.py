@@ -47,10 +47,9 @@ from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from .. import __version__
-from ..batch import LABEL_FIELDS, Batch
-from ..errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError
-from ..ops import segment_count, segment_sum
-from ..pipeline import EVENT_FIELDS, Decision
+from ..batch import Batch
+from ..decision import Decision, carry_out_advantage, carry_out_rollout, sampling_probabilities
+from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..runtime import Runtime
 from . import TRAINER_MODE
 from .sampler import DomainSampler
@@ -90,33 +89,28 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
 
     Raises :class:`ConfigError`; logs a warning for settings that weaken, but do not disable, it.
     """
-    pipeline = runtime.pipeline
-    if pipeline is None:
+    mechanisms = runtime.mechanisms
+    if not mechanisms:
         return
-    mech = pipeline.config.mechanism
     actor = config.actor_rollout_ref.actor
     loss_mode = str(OmegaConf.select(actor, "policy_loss.loss_mode", default="vanilla"))
-    issues: list[ConfigIssue] = []
-    if mech == "reweight" and loss_mode in WEIGHT_IGNORING_LOSSES:
-        issues.append(ConfigIssue(
+    if "reweight" in mechanisms and loss_mode in WEIGHT_IGNORING_LOSSES:
+        raise ConfigError(ConfigIssue(
             "actor_rollout_ref.actor.policy_loss.loss_mode",
             f"verl's {loss_mode!r} policy loss ignores rollout_is_weights, so dataflex.mechanism=reweight "
             "would change nothing; use a loss that multiplies the weights",
             ["vanilla", "gspo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "dro", "cispo"]))
-    if issues:
-        raise ConfigError(issues)
-    if mech == "reweight" and loss_mode in WEIGHT_COLLAPSING_LOSSES:
+    if "reweight" in mechanisms and loss_mode in WEIGHT_COLLAPSING_LOSSES:
         log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
                     "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
     agg = str(actor.get("loss_agg_mode", "token-mean"))
-    if mech == "select" and agg.startswith("seq-mean"):
+    if "select" in mechanisms and agg.startswith("seq-mean"):
         log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
                     "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
     filter_groups = config.algorithm.get("filter_groups", None)
-    if mech == "select" and filter_groups is not None and filter_groups.get("enable", False) \
-            and pipeline.actuator.name == "dapo":
+    if filter_groups is not None and filter_groups.get("enable", False) and runtime.filters_zero_variance():
         log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "
-                    "the dataflex 'dapo' selector after it will find nothing to drop")
+                    "a dataflex selector that drops zero-variance groups will find nothing to drop after it")
 
 
 # ---------------------------------------------------------------------------- batch statistics
@@ -137,22 +131,12 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "dataflex/rollout/response_length_mean": float(lengths.mean()),
     })
     if batch.domain_ids is not None and batch.domain_names:
-        d = len(batch.domain_names)
-        counts = segment_count(batch.domain_index, d)
-        sums = segment_sum(batch.rewards.double(), batch.domain_index, d)
-        for name, count, total in zip(batch.domain_names, counts.tolist(), sums.tolist()):
+        rows, means = batch.per_domain(batch.rewards)
+        for name, count, mean in zip(batch.domain_names, rows.tolist(), means.tolist()):
             out[f"dataflex/rollout/rows/{name}"] = float(count)
             if count:
-                out[f"dataflex/rollout/reward_mean/{name}"] = total / count
+                out[f"dataflex/rollout/reward_mean/{name}"] = mean
     return out
-
-
-def first_group(batch: Batch) -> torch.Tensor:
-    """Bool ``[B]``: the rows of the first real group (what an empty selection keeps, see on_empty)."""
-    valid = torch.nonzero(batch.valid_rows).flatten()
-    if valid.numel() == 0:
-        return torch.ones(len(batch), dtype=torch.bool)
-    return batch.group_index == batch.group_index[valid[0]]
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -163,8 +147,7 @@ class DataflexSyncTrainer(PPOTrainerSync):
         # Build (and strictly validate) the method first: errors reach the driver before any worker starts.
         self.dataflex = Runtime(dataflex_block(config), context=host_context(config))
         check_host_config(config, self.dataflex)
-        pipeline = self.dataflex.pipeline
-        self.domain_key = pipeline.config.domain_key if pipeline is not None else "data_source"
+        self.domain_key = self.dataflex.domain_key
         self.domain_sampler: DomainSampler | None = None
         self._skip_update = False
         self._drawn: dict[str, int] = {}
@@ -184,24 +167,25 @@ class DataflexSyncTrainer(PPOTrainerSync):
         return max(self.global_steps - 1, 0)
 
     def _event_fields(self, event: str) -> set[str]:
-        fields = {*BASE_FIELDS, self.domain_key}
-        pipeline = self.dataflex.pipeline
-        if pipeline is not None and pipeline.event == event:
-            wanted = {*pipeline.scorer.requires, *pipeline.actuator.requires} - set(LABEL_FIELDS)
-            fields |= wanted & EVENT_FIELDS[event]
+        """What to fetch from TransferQueue at ``event``: the fields every event guarantees, those
+        verl's advantage step wrote (on_advantage), and what the methods and observers asked for."""
+        fields = {*BASE_FIELDS, self.domain_key, *self.dataflex.fields(event)}
+        if event == "on_advantage":
+            fields |= {"loss_mask", "advantages"}
         return fields
 
     def _emit(self, event: str, meta: KVBatchMeta,
               extra_fields: Iterable[str] = ()) -> tuple[Decision, Batch, TensorDict]:
-        """Read the batch from TQ, emit ``event`` on the bus and return the decision."""
-        data = fetch(meta, self._event_fields(event) | set(extra_fields))
+        """Read the batch from TQ, emit ``event`` on the bus; returns the decision, the batch and the
+        fetched TensorDict (whose nested ``response_mask`` gives the row lengths for writing back)."""
+        fields = self._event_fields(event) | set(extra_fields)
+        data = fetch(meta, fields)
         if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
-            raise BatchFieldError("dataflex verl adapter", ",".join(sorted(self._event_fields(event))),
+            raise BatchFieldError("dataflex verl adapter", ",".join(sorted(fields)),
                                   f"TransferQueue returned no rows for {len(meta.keys)} keys at {event}: a field "
                                   "is present on only some keys")
-        batch = to_batch(data, meta.tags, domain_key=self.domain_key,
-                         meta={"global_steps": self.global_steps, "event": event})
-        if self.dataflex.mechanism == "mix" and batch.domain_ids is None:
+        batch = to_batch(data, meta.tags, domain_key=self.domain_key)
+        if self.dataflex.mixes and batch.domain_ids is None:
             raise BatchFieldError("dataflex mix", self.domain_key,
                                   "the trajectories in TransferQueue carry no domain label; set "
                                   "dataflex.domain_key to a dataset column")
@@ -217,66 +201,35 @@ class DataflexSyncTrainer(PPOTrainerSync):
         decision, batch, _ = self._emit("on_rollout", meta)
         metrics.update(rollout_metrics(batch))
         metrics.update(decision.metrics)
-        if decision.weights is not None or decision.advantages is not None:
-            raise DataflexError("dataflex: weights/advantages were decided at on_rollout, before verl computes "
-                                "advantages; the pipeline should have run at on_advantage")
-        keep = decision.keep
-        if decision.skip_update or (keep is not None and not bool(keep.any())):
-            # Never hand verl an empty batch: keep one group for the (cheap) forward passes and skip
-            # the update of this step (on_empty=skip).
-            keep = first_group(batch)
-            self._skip_update = True
-        if keep is None or bool(keep.all()):
+        action = carry_out_rollout(batch, decision)
+        self._skip_update = action.skip_update
+        if action.keep is None:
             return meta
-        flags = keep.tolist()
+        flags = action.keep.tolist()
         kept = list(itertools.compress(meta.keys, flags))
         dropped = [k for k, f in zip(meta.keys, flags) if not f]
         tq.kv_clear(keys=dropped, partition_id=meta.partition_id)
-        metrics["dataflex/removed_rows"] = float(len(dropped))
+        metrics["dataflex/removed_rows"] = float(action.removed)
         return meta.select_keys(kept)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
         meta = super()._compute_advantage(batch, metrics)
-        extra = ["loss_mask", "advantages"]
-        if "rollout_is_weights" in (meta.fields or []):
-            extra.append("rollout_is_weights")
+        extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
         decision, view, data = self._emit("on_advantage", meta, extra)
         metrics.update(decision.metrics)
-        if decision.skip_update:
+        action = carry_out_advantage(view, decision)
+        if action.skip_update:
             self._skip_update = True
             return meta
-        out = self._advantage_writes(decision, view, data["response_mask"])
-        if not out:
+        if not action.fields:
             return meta
-        new_meta = put(meta, out)
+        # Nested like the response mask TransferQueue holds, for every key (padding rows included).
+        like = data["response_mask"]
+        new_meta = put(meta, {name: to_nested(value, like) for name, value in action.fields.items()})
         # TQ's meta carries the stored fields; keep the batch-level info verl attached to the old one.
         new_meta.extra_info = {**(meta.extra_info or {}), **(new_meta.extra_info or {})}
         return new_meta
-
-    @staticmethod
-    def _advantage_writes(decision: Decision, view: Batch, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Nested tensors to write back for every key (padding rows included)."""
-        out: dict[str, torch.Tensor] = {}
-        valid = view.valid_rows[:, None]
-        if decision.weights is not None:
-            w = decision.weights.to(torch.float32)
-            if "rollout_is_weights" in view.fields:
-                w = view["rollout_is_weights"].to(torch.float32) * w  # multiply verl's IS weights, never replace
-            out["rollout_is_weights"] = to_nested(w, response_mask)
-        advantages = None
-        if decision.advantages is not None:
-            advantages = torch.where(valid, decision.advantages.to(view["advantages"].dtype), view["advantages"])
-        if decision.keep is not None:
-            drop = (view.valid_rows & ~decision.keep)[:, None]
-            if bool(drop.any()):
-                # A real drop: token-mean renormalises over kept tokens, entropy/KL skip the rows.
-                out["response_mask"] = to_nested(view["response_mask"].masked_fill(drop, 0), response_mask)
-                out["loss_mask"] = to_nested(view["loss_mask"].masked_fill(drop, 0), response_mask)
-                advantages = (view["advantages"] if advantages is None else advantages).masked_fill(drop, 0)
-        if advantages is not None:
-            out["advantages"] = to_nested(advantages, response_mask)
-        return out
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         metrics["dataflex/skipped_update"] = float(self._skip_update)
@@ -304,24 +257,24 @@ class DataflexSyncTrainer(PPOTrainerSync):
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:
         super()._init_dataloader()
-        pipeline = self.dataflex.pipeline
-        if pipeline is None or pipeline.config.mechanism != "mix":
+        if not self.dataflex.mixes:
             return
         frame = self.train_dataset.dataframe
         if self.domain_key not in frame.column_names:
             raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {self.domain_key!r} is not in the "
                                           "training dataset", frame.column_names))
         seed = self.config.data.get("seed", None)
-        self.domain_sampler = DomainSampler(list(frame[self.domain_key]), domains=pipeline.config.domains,
+        self.domain_sampler = DomainSampler(list(frame[self.domain_key]), domains=self.dataflex.configured_domains,
                                             seed=0 if seed is None else int(seed))
-        pipeline.set_domains(self.domain_sampler.domains)
+        self.dataflex.set_domains(self.domain_sampler.domains)
 
     def _fetch_one_gen_batch(self) -> TensorDict:
         """One ``gen_batch_size`` chunk of prompts drawn by the current domain probabilities."""
         if self.domain_sampler is None:
             return super()._fetch_one_gen_batch()
         n = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
-        rows, picks = self.domain_sampler.draw(n, self.dataflex.pipeline.domain_probabilities())
+        probs = sampling_probabilities(self.dataflex.domain_probs, self.domain_sampler.domains)
+        rows, picks = self.domain_sampler.draw(n, probs)
         for d, count in enumerate(torch.bincount(picks, minlength=len(self.domain_sampler.domains)).tolist()):
             name = self.domain_sampler.domains[d]
             self._drawn[name] = self._drawn.get(name, 0) + count

@@ -55,14 +55,16 @@ def pg_loss(view, *, mask, loss_mask, weights=None, rows=None, mode="token-mean"
 def adapter_writes(view, *, keep=None, weights=None):
     """The padded tensors the adapter writes back at on_advantage."""
     from dataflex_bus import Decision
-    from dataflex_bus.verl.trainer import DataflexSyncTrainer
+    from dataflex_bus.decision import carry_out_advantage
+    from dataflex_bus.verl.tqbatch import to_nested
 
     d = Decision()
     d.keep, d.weights = keep, weights
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), view.lengths.cumsum(0)])
     nested = torch.nested.nested_tensor_from_jagged(view["response_mask"][view["response_mask"].bool()],
                                                     offsets=offsets, max_seqlen=int(view.lengths.max()))
-    out = DataflexSyncTrainer._advantage_writes(d, view, nested)
+    # What the adapter writes: the shared decision, re-nested like TransferQueue's response mask.
+    out = {k: to_nested(v, nested) for k, v in carry_out_advantage(view, d).fields.items()}
     return {k: v.to_padded_tensor(0) if v.is_nested else v for k, v in out.items()}
 
 

@@ -188,7 +188,7 @@ def test_fit_select_event_order_removal_and_checkpoint(H, tmp_path, clean_partit
         assert (folder / "dataflex_state.pt").exists() and not (folder / "transfer_queue").exists()
     state = torch.load(tmp_path / "ckpt" / "global_step_2" / "dataflex_state.pt", weights_only=False)
     assert state["global_steps"] == 2 and state["runtime"]["pipeline"]["config"]["actuator"]["name"] == \
-        "threshold_band"
+        "threshold_band" and list(state["runtime"]["pipeline"]["methods"]) == ["select:threshold_band"]
 
 
 @pytest.mark.integration
@@ -238,7 +238,7 @@ def test_fit_mix_changes_next_domains_and_resume_equals_uninterrupted(H, tmp_pat
     assert resumed.agent_loop.generated_domains == drawn[2:]
     a, b = full.trainer.dataflex_state_dict(), resumed.trainer.dataflex_state_dict()
     assert a["global_steps"] == b["global_steps"] == 4  # fit() counts past its last step
-    sa, sb = a["runtime"]["pipeline"], b["runtime"]["pipeline"]
+    sa, sb = a["runtime"]["pipeline"]["methods"]["mix:vt_focus_hard"], b["runtime"]["pipeline"]["methods"]["mix:vt_focus_hard"]
     assert torch.equal(sa["actuator"]["counts"], sb["actuator"]["counts"])
     assert torch.equal(sa["actuator"]["sums"], sb["actuator"]["sums"])
     assert sa["domain_probs"] == sb["domain_probs"]

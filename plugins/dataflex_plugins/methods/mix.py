@@ -23,13 +23,9 @@ from dataflex_bus.ops import segment_count, segment_sum
 from ._checks import check_row_values
 
 
-def _who(component: Mixer) -> str:
-    return f"mixer {component.name!r}"
-
-
 def _domain_rows(mixer: Mixer, batch: Batch, score: Score) -> tuple[Tensor, Tensor]:
     """``(domain id, value)`` of every real row with a domain, ids in ``mixer.domains`` order."""
-    who = _who(mixer)
+    who = mixer.who
     if not hasattr(mixer, "domains"):
         raise RuntimeError(f"{who}: set_domains() must be called before update()")
     batch = batch.with_domain_names(mixer.domains)
@@ -122,7 +118,7 @@ class DumpUCB(Mixer):
                 "ptr": self.ptr.clone(), "counts": self.counts.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        who = _who(self)
+        who = self.who
         _check_domains(state, self.domains, who)
         self.buffer = _state_tensor(state, "buffer", self.buffer, who)
         self.fill = _state_tensor(state, "fill", self.fill, who)
@@ -188,7 +184,7 @@ class RewardGap(Mixer):
         return {"domains": list(self.domains), "rbar": self.rbar.clone(), "seen": self.seen.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        who = _who(self)
+        who = self.who
         _check_domains(state, self.domains, who)
         self.rbar = _state_tensor(state, "rbar", self.rbar, who)
         self.seen = _state_tensor(state, "seen", self.seen, who)

@@ -27,10 +27,6 @@ from dataflex_bus.ops import (
 from ._checks import check_row_values
 
 
-def _who(component: Selector) -> str:
-    return f"selector {component.name!r}"
-
-
 class ThresholdBand(Selector):
     """Keep rows whose score lies in the band ``[low, high]`` (``inclusive``) or ``(low, high)``.
 
@@ -69,7 +65,7 @@ class ThresholdBand(Selector):
             else:
                 below, above = k <= (self.low + 1e-9) * g, k >= (self.high - 1e-9) * g
         else:
-            check_row_values(_who(self), "score", score.values, batch)
+            check_row_values(self.who, "score", score.values, batch)
             s = score.values.to(torch.float64)
             if self.inclusive:
                 below, above = s < self.low, s > self.high
@@ -93,6 +89,7 @@ class DapoFilter(Selector):
 
     requires: ClassVar = ("rm_scores", "response_mask", "uid")
     needs_groups: ClassVar = True
+    filters_zero_variance: ClassVar = True
     params: ClassVar = {
         "metric": Param(str, "reward", choices=("reward", "score"), doc="which per-row value must vary"),
     }
@@ -104,10 +101,10 @@ class DapoFilter(Selector):
     def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
         if self.metric == "reward":
             v = batch.rewards
-            check_row_values(_who(self), "rm_scores", v, batch)
+            check_row_values(self.who, "rm_scores", v, batch)
         else:
             v = score.values
-            check_row_values(_who(self), "score", v, batch)
+            check_row_values(self.who, "score", v, batch)
         gi, ng = batch.group_index, batch.num_groups
         varied = segment_min(v, gi, ng) != segment_max(v, gi, ng)
         keep_group = varied | (batch.group_sizes == 1)
@@ -131,7 +128,7 @@ class TopKFraction(Selector):
     def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
         valid = batch.valid_rows
         values = score.values
-        check_row_values(_who(self), "score", values, batch)
+        check_row_values(self.who, "score", values, batch)
         n = int(valid.sum())
         keep = torch.zeros(len(batch), dtype=torch.bool)
         if n == 0:
@@ -162,6 +159,7 @@ class MaxVariance(Selector):
     the scores *are* the rewards.
     """
 
+    rewrites_advantages: ClassVar = True
     requires: ClassVar = ("rm_scores", "response_mask", "uid")
     needs_groups: ClassVar = True
     min_timing: ClassVar = "post_advantage"
@@ -171,7 +169,7 @@ class MaxVariance(Selector):
     }
 
     def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
-        who = _who(self)
+        who = self.who
         check_row_values(who, "score", score.values, batch)
         keep = max_variance_keep(score.values, batch.group_index, batch.num_groups, self.keep_fraction)
         rewards = batch.rewards

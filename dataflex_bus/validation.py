@@ -1,0 +1,219 @@
+"""Check a ``dataflex`` block against the installed components, before anything trains.
+
+:func:`validate` resolves every method's scorer and actuator by name, checks their parameters, the
+mechanism, the fields they need at the event they will run at and the host they will run in, and the
+rules of a method stack; it reports every problem at once, each keyed by its config key. What it
+resolved (component specs, checked parameters, the event) travels with the returned config, so building
+the pipeline neither resolves nor validates again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .block import DataflexConfig, MethodConfig
+from .components import MECHANISM_KIND, TIMINGS, Component, Scorer, Selector, resolve_params
+from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
+
+if TYPE_CHECKING:
+    from .registry import ComponentSpec, Registry
+
+#: Fields the host can provide at each event (verl's names). ``uid``/``data_source`` are row labels.
+EVENT_FIELDS: dict[str, frozenset[str]] = {
+    "on_rollout": frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask",
+                             "input_ids", "rm_scores", "rollout_log_probs", "uid", "data_source"}),
+}
+EVENT_FIELDS["on_advantage"] = EVENT_FIELDS["on_rollout"] | {
+    "old_log_probs", "ref_log_prob", "advantages", "returns", "rollout_is_weights", "entropy", "values",
+    "token_level_rewards"}
+EVENT_FIELDS["on_step_end"] = EVENT_FIELDS["on_advantage"]
+
+#: verl advantage estimators that use one rollout per prompt (no groups).
+NON_GROUP_ESTIMATORS = frozenset({"gae", "reinforce_plus_plus", "remax"})
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline", "opo")
+
+_TIMING_ORDER = list(TIMINGS)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What validation found for one method: the providing specs, checked parameters and the event."""
+
+    scorer: ComponentSpec
+    actuator: ComponentSpec
+    scorer_params: dict[str, Any]
+    actuator_params: dict[str, Any]
+    event: str
+
+
+def method_event(mechanism: str, scorer_cls: type[Scorer], actuator_cls: type[Component]) -> str:
+    """The bus event a method acts at, from its mechanism and its components' timings."""
+    if mechanism == "mix":
+        return "on_step_end"
+    if mechanism == "reweight":
+        return "on_advantage"
+    latest = max(_TIMING_ORDER.index(scorer_cls.timing), _TIMING_ORDER.index(actuator_cls.min_timing))
+    event = TIMINGS[_TIMING_ORDER[latest]]
+    if event == "on_rollout" and not (issubclass(actuator_cls, Selector)
+                                      and actuator_cls.keeps_whole_groups(scorer_cls.granularity)):
+        # Row-level drops before the advantage would shift the GRPO baseline of the rows left.
+        event = "on_advantage"
+    return event
+
+
+def method_keys(config: DataflexConfig, key: str = "dataflex") -> list[str]:
+    """The config key of each method: the block itself, or ``dataflex.methods[i]`` in a stack."""
+    if config.stacked:
+        return [f"{key}.methods[{i}]" for i in range(len(config.methods))]
+    return [key]
+
+
+def validate(
+    config: DataflexConfig | Mapping[str, Any],
+    registry: Registry | None = None,
+    *,
+    context: Mapping[str, Any] | None = None,
+    key: str = "dataflex",
+) -> DataflexConfig:
+    """Check a ``dataflex`` block against the installed components; raises :class:`ConfigError` with
+    every problem. Returns the config with each method's resolution attached (``method.resolved``).
+
+    ``context`` describes the host when known: ``adv_estimator`` (verl's ``algorithm.adv_estimator``),
+    ``rollout_n`` (responses per prompt) and ``available_fields`` ({event: fields}) to override
+    :data:`EVENT_FIELDS`.
+    """
+    if isinstance(config, DataflexConfig):
+        cfg, issues = config, []
+    else:
+        parsed, issues = DataflexConfig.parse(config, key=key)
+        if parsed is None:
+            raise ConfigError(issues)
+        cfg = parsed
+    registry = registry if registry is not None else installed_registry()
+    context = dict(context or {})
+    classes: list[tuple[type[Scorer], type[Component]] | None] = []
+    for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
+        found = _validate_method(method, cfg, registry, context, mkey, issues)
+        classes.append(found)
+    issues.extend(_check_stack(cfg, classes, key))
+    if issues:
+        raise ConfigError(issues)
+    return cfg
+
+
+def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Registry, context: Mapping[str, Any],
+                     key: str, issues: list[ConfigIssue]) -> tuple[type[Scorer], type[Component]] | None:
+    before = len(issues)
+    s_spec, s_cls = _resolve(registry, "scorer", method.scorer.name, f"{key}.scorer.name", issues)
+    a_spec, a_cls = _resolve(registry, "actuator", method.actuator.name, f"{key}.actuator.name", issues)
+    wanted_kind = MECHANISM_KIND[method.mechanism]
+    if a_spec is not None and a_spec.kind != wanted_kind:
+        issues.append(ConfigIssue(
+            f"{key}.actuator.name",
+            f"{method.actuator.name!r} is a {a_spec.kind}, but mechanism {method.mechanism!r} needs a {wanted_kind}",
+            registry.names("actuator", [wanted_kind])))
+        a_cls = None
+    s_params = a_params = None
+    if s_cls is not None:
+        s_params, found = resolve_params(s_cls, method.scorer.params, key=f"{key}.scorer.params")
+        issues.extend(found)
+    if a_cls is not None:
+        a_params, found = resolve_params(a_cls, method.actuator.params, key=f"{key}.actuator.params")
+        issues.extend(found)
+    if s_cls is None or a_cls is None:
+        return None
+    issues.extend(_check_fit(method, s_cls, a_cls, context, key))
+    if len(issues) > before:
+        return None
+    if method.mechanism == "mix" and cfg.domains:
+        # Rules that join parameters and domains (a floor times K, proportions naming every domain)
+        # are checked by the mixer's own set_domains, here rather than at the first training step.
+        try:
+            a_cls(**a_params).set_domains(list(cfg.domains))  # type: ignore[attr-defined]
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+            return None
+    assert s_spec is not None and a_spec is not None and s_params is not None and a_params is not None
+    method.resolved = Resolved(s_spec, a_spec, s_params, a_params, method_event(method.mechanism, s_cls, a_cls))
+    return s_cls, a_cls
+
+
+def _resolve(registry: Registry, slot: str, name: str, key: str,
+             issues: list[ConfigIssue]) -> tuple[ComponentSpec | None, type | None]:
+    try:
+        spec = registry.resolve(slot, name, key=key)
+        return spec, spec.load()
+    except (UnknownComponentError, CollisionError, PluginLoadError) as exc:
+        message = str(exc)
+        if message.startswith(f"{key}: "):
+            message = message[len(key) + 2:]
+        issues.append(ConfigIssue(key, message))
+        return None, None
+
+
+def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component],
+               context: Mapping[str, Any], key: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    sname, aname = method.scorer.name, method.actuator.name
+    if s_cls.granularity not in a_cls.accepts:  # type: ignore[attr-defined]
+        issues.append(ConfigIssue(
+            f"{key}.scorer.name",
+            f"scorer {sname!r} gives {s_cls.granularity}-level scores but {a_cls.kind} {aname!r} acts on "
+            f"{' or '.join(a_cls.accepts)}-level scores", a_cls.accepts))  # type: ignore[attr-defined]
+    if method.mechanism == "select" and _TIMING_ORDER.index(s_cls.timing) > _TIMING_ORDER.index("post_advantage"):
+        issues.append(ConfigIssue(f"{key}.scorer.name",
+                                  f"scorer {sname!r} runs {s_cls.timing}, after the update it would select for"))
+    if method.mechanism == "reweight" and s_cls.timing == "post_update":
+        issues.append(ConfigIssue(f"{key}.scorer.name",
+                                  f"scorer {sname!r} runs post_update, after the loss it would reweight"))
+    fields_at = dict(EVENT_FIELDS)
+    fields_at.update(context.get("available_fields") or {})
+    for who, cls in (("scorer", s_cls), ("actuator", a_cls)):
+        timing = s_cls.timing if who == "scorer" else None
+        event = TIMINGS[timing] if timing else method_event(method.mechanism, s_cls, a_cls)
+        missing = [f for f in cls.requires if f not in fields_at[event]]  # type: ignore[attr-defined]
+        if missing:
+            issues.append(ConfigIssue(
+                f"{key}.{who}.name",
+                f"{cls.kind} {getattr(method, who).name!r} requires {missing}, not available at {event} "
+                f"(timing {timing or cls.min_timing})", sorted(fields_at[event])))  # type: ignore[attr-defined]
+    estimator = context.get("adv_estimator")
+    for who, cls in (("scorer", s_cls), ("actuator", a_cls)):
+        if not cls.needs_groups:  # type: ignore[attr-defined]
+            continue
+        if estimator is not None and str(estimator) in NON_GROUP_ESTIMATORS:
+            issues.append(ConfigIssue(
+                f"{key}.{who}.name",
+                f"{getattr(method, who).name!r} needs groups of rollouts per prompt, but the advantage "
+                f"estimator {estimator!r} is not group-based", GROUP_ESTIMATORS))
+        n = context.get("rollout_n")
+        if n is not None and int(n) < 2:
+            issues.append(ConfigIssue(f"{key}.{who}.name",
+                                      f"{getattr(method, who).name!r} needs groups, but rollout n={n} (< 2)"))
+    return issues
+
+
+def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
+                 key: str) -> list[ConfigIssue]:
+    """Rules between the methods of a stack (one method passes trivially)."""
+    issues: list[ConfigIssue] = []
+    keys = method_keys(cfg, key)
+    mixers = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "mix"]
+    if len(mixers) > 1:
+        issues.append(ConfigIssue(mixers[1], f"a stack may hold one mixer (the sampler draws the next prompts from "
+                                  f"one set of domain probabilities); {mixers[0]} already mixes"))
+    rewriters = [k for k, found in zip(keys, classes)
+                 if found is not None and getattr(found[1], "rewrites_advantages", False)]
+    if len(rewriters) > 1:
+        issues.append(ConfigIssue(rewriters[1], f"{rewriters[0]} already recomputes advantages over the rows it "
+                                  "keeps; two subset selectors would overwrite each other's advantages"))
+    return issues
+
+
+def installed_registry() -> Registry:
+    """The components of every installed, enabled plugin plus in-process registrations."""
+    from .discovery import get_plugins
+
+    return get_plugins().registry()
