@@ -111,8 +111,7 @@ def test_reweight_method_reaches_the_loss(shim_components, recorder):
 
 def test_empty_selection_skips_the_update(shim_components):
     from dataflex_bus.runtime import Runtime
-    from dataflex_bus.shim.config import resolve_config
-    from dataflex_bus.shim.config import host_context
+    from dataflex_bus.shim.config import host_context, resolve_config
     from dataflex_bus.shim.trainer import ShimTrainer
 
     resolved = resolve_config(tiny(sel({"name": "t_keep_none"})))

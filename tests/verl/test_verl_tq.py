@@ -238,7 +238,7 @@ def test_fit_mix_changes_next_domains_and_resume_equals_uninterrupted(H, tmp_pat
     assert resumed.agent_loop.generated_domains == drawn[2:]
     a, b = full.trainer.dataflex_state_dict(), resumed.trainer.dataflex_state_dict()
     assert a["global_steps"] == b["global_steps"] == 4  # fit() counts past its last step
-    sa, sb = a["runtime"]["pipeline"]["methods"]["mix:vt_focus_hard"], b["runtime"]["pipeline"]["methods"]["mix:vt_focus_hard"]
+    sa, sb = (state["runtime"]["pipeline"]["methods"]["mix:vt_focus_hard"] for state in (a, b))
     assert torch.equal(sa["actuator"]["counts"], sb["actuator"]["counts"])
     assert torch.equal(sa["actuator"]["sums"], sb["actuator"]["sums"])
     assert sa["domain_probs"] == sb["domain_probs"]
