@@ -17,7 +17,7 @@ COMMANDS = {
     "plugins": "dataflex_bus.cli:cmd_plugins",
     "validate": "dataflex_bus.cli:cmd_validate",
     "run": "dataflex_bus.shim.commands:cmd_run",
-    "compare": "dataflex_bus.shim.commands:cmd_compare",
+    "compare": "dataflex_bus.shim.compare:cmd_compare",
     "doctor": "dataflex_bus.verl.doctor:cmd_doctor",
     "new-plugin": "dataflex_bus.template:cmd_new_plugin",
 }
@@ -49,13 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("compare", help="run (or read) several configs on the same seeds and plot them")
-    p.add_argument("configs", nargs="+", help="YAML run configs or finished run directories")
+    p = sub.add_parser("compare", help="several configs on the same seeds: paired statistics, table and plot")
+    p.add_argument("configs", nargs="+",
+                   help="YAML run configs, finished run directories, or directories of them (one per seed)")
     p.add_argument("--steps", type=int, help="training steps for each run")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the config's seed)")
-    p.add_argument("--out", default="runs/compare", help="output directory for runs, plot and table")
+    p.add_argument("--baseline", help="label (config stem or directory name) the others are compared with "
+                                      "(default: the first input)")
+    p.add_argument("--metric", default="eval/heldout/learnable",
+                   help="held-out metric compared at each run's last eval point (default: %(default)s)")
+    p.add_argument("--budget-reading", default="linear", choices=["linear", "floor"],
+                   help="how a run is read at a rollout budget between eval points (default: %(default)s)")
+    p.add_argument("--out", default="runs/compare", help="output directory for runs, compare.json, table and plot")
     p.add_argument("--force", action="store_true",
-                   help="replace run directories written with another config (identical finished runs are reused)")
+                   help="replace an earlier comparison in --out and run directories written with another config "
+                        "(identical finished runs are still reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
