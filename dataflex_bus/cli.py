@@ -160,7 +160,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if block is None:
         raise ConfigError(ConfigIssue("dataflex", f"{args.config} has no `dataflex:` block"))
     cfg = validate(block, context=host_context(config))
-    print(f"ok: mechanism={cfg.mechanism} scorer={cfg.scorer.name} actuator={cfg.actuator.name}")
+    for warning in cfg.warnings:
+        print(f"warning: {warning}")
+    for method in cfg.methods:
+        name = f"{method.name}: " if cfg.stacked else ""
+        print(f"ok: {name}mechanism={method.mechanism} scorer={method.scorer.name} actuator={method.actuator.name}")
     return 0
 
 
