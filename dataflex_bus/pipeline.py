@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .components import MECHANISM_KIND, TIMINGS, Component, Mixer, Reweighter, Score, Scorer, Selector
+from .components import MECHANISM_KIND, TIMINGS, Component, Mixer, Reweighter, Score, Scorer, Selector, as_score
 from .config import DataflexConfig
 from .errors import (
     BatchFieldError,
@@ -304,7 +304,7 @@ class Pipeline:
         """Call a component method; any failure names the component's plugin and the event."""
         try:
             if who == "scorer":
-                return fn(*args, event=self.event)
+                return as_score(fn(*args, event=self.event), self.scorer, args[0])
             return fn(*args)
         except PluginRuntimeError:
             raise

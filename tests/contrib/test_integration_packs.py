@@ -122,7 +122,7 @@ def _build_wheels(sources: list[Path], wheelhouse: Path) -> None:
 
 def _copy_bus_source(dest: Path) -> Path:
     dest.mkdir()
-    for name in ("dataflex_bus", "plugins"):
+    for name in ("dataflex_bus", "dataflex_verl", "plugins"):
         shutil.copytree(ROOT / name, dest / name, ignore=_IGNORE)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (ROOT / name).exists():
