@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 from collections.abc import Sequence
@@ -194,6 +193,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     slots = ["scorer", "actuator"] if kind is None else [SLOT.get(kind, kind)]
     specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
     if not specs:
+        import difflib
+
         bare = args.name.rpartition(":")[2]
         kinds = [kind] if kind in _KINDS else None
         known = sorted({n for slot in slots for n in registry.names(slot, kinds)})

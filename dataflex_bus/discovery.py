@@ -23,13 +23,10 @@ kills the interpreter (``os._exit``) or hangs at import is named instead of taki
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import traceback
 from dataclasses import dataclass, field
 from importlib import metadata  # group selection and EntryPoint.dist: stdlib since 3.10
@@ -143,7 +140,8 @@ class PluginSet:
         """Components of active plugins plus in-process registrations (read fresh on every call)."""
         specs = [c for r in self.active for c in r.components]
         disabled = [DisabledPlugin(r.name, r.distribution, r.version, r.disabled_reason or "is disabled",
-                                   self._probes.get(r.name) if _is_first_party(r.distribution) else None)
+                                   self._probes.get(r.name) if _is_first_party(r.distribution) else None,
+                                   r.disabled_by or ENV_LOAD)
                     for r in self.records if r.status == DISABLED]
         return Registry([*specs, *local_specs()], disabled)
 
@@ -250,6 +248,8 @@ class _Plan:
 def _env_entry_warnings(var: str, wanted: set[str] | None, known: set[str]) -> list[str]:
     if not wanted:
         return []
+    import difflib
+
     out = []
     for name in sorted(wanted - known):
         close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
@@ -376,6 +376,9 @@ def check_plugins(timeout: float = 300.0) -> list[dict[str, Any]]:
     ``timeout`` seconds) is named in its record; the child is then rerun without it, so the others are
     still checked. The calling process imports no plugin.
     """
+    import subprocess  # only --check pays for these imports; listing stays lean
+    import tempfile
+
     dead: dict[str, dict[str, Any]] = {}   # plugin key -> failed record made up here
     dead_components: dict[str, str] = {}   # component key -> error
     env = {**os.environ, ENV_STRICT: "0",

@@ -171,6 +171,8 @@ class DisabledPlugin:
     version: str | None
     reason: str
     probe: Callable[[], list[ComponentSpec]] | None = field(default=None, compare=False)
+    #: The variable that disabled it: ``DATAFLEX_LOAD_PLUGINS`` or ``DATAFLEX_DISABLE_PLUGINS``.
+    variable: str = "DATAFLEX_LOAD_PLUGINS"
 
     @property
     def label(self) -> str:
@@ -249,9 +251,9 @@ class Registry:
             except Exception:  # explaining an error must never raise another one
                 continue
             if any(SLOT[s.kind] == slot and s.name == bare for s in provided):
-                return (f"; {slot} {bare!r} is provided by plugin {d.label}, which {d.reason}: "
-                        f"add {d.distribution or d.plugin} to DATAFLEX_LOAD_PLUGINS or take it off "
-                        "DATAFLEX_DISABLE_PLUGINS")
+                fix = (f"take it off {d.variable}" if d.variable.endswith("DISABLE_PLUGINS")
+                       else f"add {d.distribution or d.plugin} to {d.variable}")
+                return f"; {slot} {bare!r} is provided by plugin {d.label}, which {d.reason}: {fix}"
         unknown = [d for d in self.disabled if d.probe is None]
         if not unknown:
             return ""

@@ -286,8 +286,17 @@ def test_builtins_obey_the_allowlist_and_the_error_names_variable_and_plugin(sit
     scorer = found["dataflex.scorer.name"]
     assert "unknown scorer 'group_solve_rate'" in scorer
     assert "plugin 'scorers' (dataflex-bus 0.1.0)" in scorer and "DATAFLEX_LOAD_PLUGINS='hostgood'" in scorer
+    assert scorer.endswith("add dataflex-bus to DATAFLEX_LOAD_PLUGINS")
     assert "plugin 'select' (dataflex-bus 0.1.0)" in found["dataflex.actuator.name"]
     monkeypatch.setenv("DATAFLEX_LOAD_PLUGINS", "hostgood,dataflex-bus")
+    monkeypatch.setenv("DATAFLEX_DISABLE_PLUGINS", "scorers")
+    reset_plugins()
+    with pytest.raises(ConfigError) as err:
+        validate(block)
+    (issue,) = err.value.issues
+    assert "plugin 'scorers' (dataflex-bus 0.1.0), which DATAFLEX_DISABLE_PLUGINS='scorers' lists it" in str(issue)
+    assert str(issue).endswith("take it off DATAFLEX_DISABLE_PLUGINS")
+    monkeypatch.delenv("DATAFLEX_DISABLE_PLUGINS")
     reset_plugins()
     validate(block)
 
