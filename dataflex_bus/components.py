@@ -370,7 +370,7 @@ def class_attribute_problems(cls: type[Component]) -> list[str]:
     else:
         for key, spec in params.items():
             if not isinstance(key, str) or not key.isidentifier():
-                bad("params", key, "parameter names must be Python identifiers")
+                problems.append(f"{cls.__name__}.params: key {key!r} is not a Python identifier")
             elif not isinstance(spec, Param):
                 bad(f"params[{key!r}]", spec, "expected a Param(...) declaration")
             elif not all(isinstance(t, type) for t in (spec.type if isinstance(spec.type, tuple) else (spec.type,))):

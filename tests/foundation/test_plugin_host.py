@@ -347,6 +347,7 @@ def _component(base: str, **attrs):
     ("scorer", "Scorer", {"requires": "rm_scores"}, "Broken.requires = 'rm_scores'"),
     ("scorer", "Scorer", {"params": {"k": 3}}, "Broken.params['k'] = 3: expected a Param"),
     ("scorer", "Scorer", {"params": [("k", 3)]}, "Broken.params = [('k', 3)]"),
+    ("scorer", "Scorer", {"params": {"bad-key": 3}}, "Broken.params: key 'bad-key' is not a Python identifier"),
     ("selector", "Selector", {"accepts": "prompt"}, "Broken.accepts = 'prompt'"),
     ("selector", "Selector", {"accepts": ("prompt", "row")}, "Broken.accepts = ('prompt', 'row')"),
     ("reweighter", "Reweighter", {"min_timing": ["post_advantage"]}, "Broken.min_timing = ['post_advantage']"),
