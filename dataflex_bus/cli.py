@@ -29,8 +29,12 @@ COMMANDS = {
 LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
 
+DESCRIPTION = ("Data-centric training controls for GRPO (select, reweight, mix) as plugins on one event bus: "
+               "list and inspect plugins, check configs, train on the CPU shim, compare methods.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dataflex", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="dataflex", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dataflex-bus {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -49,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON (a list: one entry per matching component)")
 
     p = sub.add_parser("validate", help="check a config against the installed plugins; nothing trains")
-    p.add_argument("config", help="YAML file with a `dataflex:` block")
+    p.add_argument("config", help="YAML file: a shim run config (examples/) or a verl config with a `dataflex:` block")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. dataflex.actuator.params.low=0.1")
 
     p = sub.add_parser("run", help="train on the CPU shim with the configured method")
@@ -61,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config as `dataflex validate` does; nothing trains")
 
     p = sub.add_parser("compare", help="several configs on the same seeds: paired statistics, table and plot")
     p.add_argument("configs", nargs="+",
@@ -94,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     stray = [e for e in extra if "=" not in e and not e.startswith("~")]
     if extra and (not hasattr(args, "overrides") or stray):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        # The subcommand's own usage (its options), not the top-level one.
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.command in LOGGING_COMMANDS:
@@ -443,37 +451,74 @@ def _info_text(e: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------- validate
-def host_context(config: dict[str, Any]) -> dict[str, Any]:
-    """Facts about the host that validation checks against (verl-style or shim keys)."""
+#: Top-level keys only a verl config has: such a file is checked as verl's (the dataflex block against
+#: verl's context), anything else as a shim run config (every section).
+VERL_SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_model", "reward",
+                           "custom_reward_function", "ray_kwargs", "transfer_queue", "global_profiler"})
+
+
+def verl_context(config: dict[str, Any], issues: list[Any]) -> dict[str, Any]:
+    """What validation checks a block against in a verl config: ``algorithm.adv_estimator`` and
+    ``actor_rollout_ref.rollout.n`` (a non-integer ``n`` is an issue of its own, not a traceback)."""
+    from .errors import ConfigIssue
+
     ctx: dict[str, Any] = {}
-    algorithm = config.get("algorithm") or {}
-    if isinstance(algorithm, dict) and "adv_estimator" in algorithm:
-        ctx["adv_estimator"] = algorithm["adv_estimator"]
-    rollout = ((config.get("actor_rollout_ref") or {}).get("rollout") or {}) if isinstance(
-        config.get("actor_rollout_ref"), dict) else {}
+    algorithm = config.get("algorithm")
+    if isinstance(algorithm, dict) and algorithm.get("adv_estimator") is not None:
+        ctx["adv_estimator"] = str(algorithm["adv_estimator"])
+    actor = config.get("actor_rollout_ref")
+    rollout = actor.get("rollout") if isinstance(actor, dict) else None
     if isinstance(rollout, dict) and "n" in rollout:
-        ctx["rollout_n"] = rollout["n"]
-    trainer = config.get("trainer") or {}
-    if isinstance(trainer, dict) and "group_size" in trainer:
-        ctx["rollout_n"] = trainer["group_size"]
+        n = rollout["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            issues.append(ConfigIssue("actor_rollout_ref.rollout.n", f"expected an integer >= 1 (responses per "
+                                      f"prompt), got {type(n).__name__} {n!r}"))
+        else:
+            ctx["rollout_n"] = n
     return ctx
+
+
+def check_config(config: dict[str, Any]) -> Any:
+    """Check a whole config file the way the host that runs it would, every problem at once: a verl config's
+    ``dataflex`` block against verl's context, a shim config's every section. Returns the validated block
+    (``None``: no method, plain GRPO); raises :class:`~dataflex_bus.errors.ConfigError`."""
+    from .errors import ConfigError
+
+    if VERL_SECTIONS & set(config):
+        from .validation import validate
+
+        issues: list[Any] = []
+        context = verl_context(config, issues)
+        block, cfg = config.get("dataflex"), None
+        if block:
+            try:
+                cfg = validate(block, context=context)
+            except ConfigError as exc:
+                issues.extend(exc.issues)
+        if issues:
+            raise ConfigError(issues)
+        return cfg
+    from .shim.config import prepare
+
+    return prepare(config).method
+
+
+def validation_report(cfg: Any) -> list[str]:
+    """What ``dataflex validate`` and ``dataflex run --dry-run`` print for a valid config."""
+    if cfg is None:
+        return ["ok: no dataflex block: plain GRPO, no method"]
+    lines = [f"warning: {warning}" for warning in cfg.warnings]
+    for method in cfg.methods:
+        name = f"{method.name}: " if cfg.stacked else ""
+        lines.append(f"ok: {name}mechanism={method.mechanism} scorer={method.scorer.name} "
+                     f"actuator={method.actuator.name}")
+    return lines
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .errors import ConfigError, ConfigIssue
-    from .validation import validate
 
-    config = load_config(args.config, args.overrides)
-    block = config.get("dataflex")
-    if block is None:
-        raise ConfigError(ConfigIssue("dataflex", f"{args.config} has no `dataflex:` block"))
-    cfg = validate(block, context=host_context(config))
-    for warning in cfg.warnings:
-        print(f"warning: {warning}")
-    for method in cfg.methods:
-        name = f"{method.name}: " if cfg.stacked else ""
-        print(f"ok: {name}mechanism={method.mechanism} scorer={method.scorer.name} actuator={method.actuator.name}")
+    print("\n".join(validation_report(check_config(load_config(args.config, args.overrides)))))
     return 0
 
 

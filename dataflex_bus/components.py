@@ -142,6 +142,8 @@ class Actuator(Component):
     #: Batch fields the actuator itself reads, beyond the scorer's.
     requires: ClassVar[Sequence[str]] = ()
     needs_groups: ClassVar[bool] = False
+    #: Scorers whose statistic this actuator is defined on (its paper's); others are warned, not refused.
+    intended_scorers: ClassVar[Sequence[str]] = ()
 
 
 @dataclass
@@ -326,6 +328,12 @@ def class_attribute_problems(cls: type[Component]) -> list[str]:
         if not _is_names(accepts) or not accepts or any(g not in GRANULARITIES for g in accepts):
             bad("accepts", accepts, f"expected a non-empty sequence of granularities from "
                 f"{', '.join(GRANULARITIES)}")
+        intended = getattr(cls, "intended_scorers", ())
+        if not _is_names(intended):
+            bad("intended_scorers", intended, "expected a sequence of scorer names")
+        for flag in ("rewrites_advantages", "filters_zero_variance"):
+            if not isinstance(getattr(cls, flag, False), bool):
+                bad(flag, getattr(cls, flag), "expected True or False")
     return problems
 
 

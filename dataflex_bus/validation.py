@@ -216,11 +216,17 @@ def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Com
 
 def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
                     key: str) -> list[ConfigIssue]:
-    """A method reading advantages that a later method at the same event recomputes."""
-    if len(cfg.methods) < 2:
-        return []
+    """A scorer other than the statistic the actuator is defined on; a method reading advantages that a
+    later method at the same event recomputes."""
     warnings: list[ConfigIssue] = []
     keys = method_keys(cfg, key)
+    for method, found, mkey in zip(cfg.methods, classes, keys):
+        intended = getattr(found[1], "intended_scorers", ()) if found is not None else ()
+        if intended and method.resolved is not None and method.resolved.scorer.name not in intended:
+            warnings.append(ConfigIssue(
+                f"{mkey}.scorer.name", f"{method.actuator.name!r} is defined on the statistic of "
+                f"{' or '.join(repr(n) for n in intended)}; with {method.scorer.name!r} it acts on another "
+                "quantity than its paper's (valid, but read its documentation)"))
     for i, (method, found) in enumerate(zip(cfg.methods, classes)):
         if found is None or method.resolved is None:
             continue
@@ -263,13 +269,13 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIss
         if not bool(keep.any()):
             before = " of what the methods before it leave" if decision.keep is not None else ""
             warnings.append(ConfigIssue(keys[i], f"keeps no row{before} in a probe batch holding every outcome "
-                                        f"of a group (0..{n} of {n} rollouts right, rewards 0/1): every update would be "
-                                        "skipped; check the parameters"))
+                                        f"of a group (0..{n} of {n} rollouts right, rewards 0/1): every update "
+                                        "would be skipped; check the parameters"))
             return warnings
         if bool(keep[view.valid_rows].all()):
             warnings.append(ConfigIssue(keys[i], f"keeps every row of a probe batch holding every outcome of a "
-                                        f"group (0..{n} of {n} rollouts right, rewards 0/1): it would select nothing away; "
-                                        "check the parameters"))
+                                        f"group (0..{n} of {n} rollouts right, rewards 0/1): it would select "
+                                        "nothing away; check the parameters"))
         decision.restrict(keep)
         view = batch.derive(is_padding=batch.is_padding | ~keep)
     return warnings
