@@ -227,6 +227,11 @@ def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[
                 f"{mkey}.scorer.name", f"{method.actuator.name!r} is defined on the statistic of "
                 f"{' or '.join(repr(n) for n in intended)}; with {method.scorer.name!r} it acts on another "
                 "quantity than its paper's (valid, but read its documentation)"))
+    mixers = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "mix"]
+    selections = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "select"]
+    if mixers and selections:
+        warnings.append(ConfigIssue(mixers[0], f"the mixer sees only the rows {', '.join(selections)} keep(s): "
+                                    "a domain whose groups are always dropped gives it no statistics"))
     for i, (method, found) in enumerate(zip(cfg.methods, classes)):
         if found is None or method.resolved is None:
             continue
