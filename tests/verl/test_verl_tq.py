@@ -272,8 +272,9 @@ def test_fit_composes_with_verl_dapo_filter_groups(H, tmp_path, clean_partition)
 
 STACK = ["+dataflex.methods=[{name: filter, mechanism: select, scorer: {name: reward_difficulty}, "
          "actuator: {name: dapo}}, {name: curriculum, mechanism: mix, scorer: {name: advantage_magnitude}, "
-         "actuator: {name: dump_ucb, params: {c: 0.0, temperature: 0.05}}, warmup_step: 1}, {name: ar, mechanism: reweight, "
-         "scorer: {name: token_prob}, actuator: {name: advantage_reweight, params: {alpha: 0.5}}}]"]
+         "actuator: {name: dump_ucb, params: {c: 0.0, temperature: 0.05}}, warmup_step: 1}, "
+         "{name: ar, mechanism: reweight, scorer: {name: token_prob}, "
+         "actuator: {name: advantage_reweight, params: {alpha: 0.5}}}]"]
 
 
 def _stack_run(H, data, ckpt, steps):
