@@ -29,8 +29,6 @@ CPU_KEYS = [
     "+ray_kwargs.ray_init.include_dashboard=False",
     "actor_rollout_ref.actor.strategy=fsdp2",
     "actor_rollout_ref.ref.strategy=fsdp2",
-    # fp32 compute: bf16 rounding would turn float-order noise into percent-level loss differences.
-    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
     "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
     "+actor_rollout_ref.model.override_config.attn_implementation=eager",
     "actor_rollout_ref.model.use_remove_padding=False",

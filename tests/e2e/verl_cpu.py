@@ -20,9 +20,10 @@ Sampling is seeded per request so that two runs from the same weights produce th
 of a request is a hash of (``rollout.seed``, the trainer's ``global_steps`` of the weights, the prompt token
 ids, how many requests with the same prompt these weights have already served). ``global_steps``, not a
 count of weight pushes, so that a run resumed from step ``k`` seeds step ``k + 1`` as the uninterrupted
-run does. The ``n`` samples of a GRPO group share a prompt,
-so they get seeds ``0..n-1`` in arrival order: arrival order may differ between runs, but the group's set
-of responses does not, and neither does anything GRPO computes from it.
+run does. The ``n`` samples of a GRPO group share a prompt, so they get seeds ``0..n-1`` in arrival order:
+arrival order may differ between runs, but the group's set of responses does not, and neither does
+anything GRPO computes from it (the harness trains one PPO mini-batch per step, so the row order within
+the batch does not matter either).
 """
 
 from __future__ import annotations

@@ -268,3 +268,10 @@ def test_every_run_composes_and_the_reward_has_signal(smoke, tmp_path):
     responses = ["7 12 code 88 3", "93 61 answer 70 51", ""]
     got = {d: [score(data_source=d, solution_str=r, ground_truth="0") for r in responses] for d in smoke.DOMAINS}
     assert got == {"math": [0.6, 0.0, 0.0], "logic": [0.2, 0.8, 0.0], "code": [0.0, 0.0, 0.0]}
+
+
+def test_comparisons_insist_on_the_training_metrics(smoke, recorded):
+    runs = copy.deepcopy(recorded)
+    del runs["off2"][1]["actor/pg_loss"]
+    check = smoke.check_off_off(runs["off"], runs["off2"], [1, 2])
+    assert not check.ok and "step 1 actor/pg_loss: missing" in check.detail
