@@ -46,6 +46,9 @@ def cpu_env(env: Mapping[str, str]) -> dict[str, str]:
     out["VERL_USE_EXTERNAL_MODULES"] = ",".join([BACKEND_MODULE, *modules])
     out.setdefault("PYTHONHASHSEED", "0")
     out.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray's memory monitor kills our workers when the *machine* passes 95% memory, whoever uses it; a shared
+    # CI or dev box does. The kernel still stops a run that really runs out of memory.
+    out.setdefault("RAY_memory_monitor_refresh_ms", "0")
     return out
 
 
