@@ -1,9 +1,13 @@
 """What the methods decided at one event, and how every host carries it out on a :class:`Batch`.
 
-The CPU shim and the verl trainer both call :func:`carry_out_rollout` after ``on_rollout`` and
-:func:`carry_out_advantage` after ``on_advantage``, and draw prompts with :func:`sampling_probabilities`;
-they only move tensors in and out (the shim keeps them in memory, verl in TransferQueue). So a decision
-means the same thing in both places:
+The CPU shim and the verl trainer both call :func:`carry_out_prompts` after ``on_prompts``,
+:func:`carry_out_rollout` after ``on_rollout`` and :func:`carry_out_advantage` after ``on_advantage``, draw
+prompts with :func:`sampling_probabilities`, fill a step's prompts through a pre-rollout selection with
+:class:`PromptFill` and refill a step's groups with :class:`GroupFill`; they only move tensors in and out
+(the shim keeps them in memory, verl in TransferQueue). So a decision means the same thing in both places:
+
+* at ``on_prompts`` a decision keeps or skips candidate prompts: the host generates only the kept ones
+  and draws more until it has what it needs, within ``dataflex.max_oversample`` (:class:`PromptFill`).
 
 * at ``on_rollout`` a decision keeps or drops whole groups: the host removes the dropped rows before any
   further compute. An empty selection, or a method asking to skip the step, never reaches the trainer as
@@ -16,6 +20,7 @@ means the same thing in both places:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,11 +28,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import BatchFieldError
+from .history import CLASS_NAMES
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
+    from .block import RefillConfig
 
 
 class Decision:
@@ -174,3 +181,243 @@ def sampling_probabilities(probs: Mapping[str, float] | None, domains: Sequence[
     p = torch.tensor([float(probs.get(d, 0.0)) for d in domains], dtype=torch.float64)
     check_probabilities(p, domains, "dataflex mix")
     return p / p.sum()
+
+
+# ---------------------------------------------------------------------------- on_prompts
+def carry_out_prompts(batch: Batch, decision: Decision) -> Tensor:
+    """Bool ``[N]``: the candidates an ``on_prompts`` decision keeps (padding never). A decision at
+    ``on_prompts`` can only keep or skip prompts: nothing else exists before generation."""
+    if decision.weights is not None or decision.advantages is not None:
+        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages",
+                              "decided at on_prompts, before anything is generated; only a keep mask is possible")
+    real = batch.valid_rows
+    return real if decision.keep is None else decision.keep & real
+
+
+@dataclass
+class PromptCounts:
+    """What pre-rollout selection did in one step (summed over its draws): candidates considered,
+    skipped by the selection, generated anyway to fill a shortfall (``forced``), kept but beyond what was
+    needed (``trimmed``), generated, draws, and per history class (``new``, ``other``, ``easy``, ``hard``)
+    the candidates considered and skipped."""
+
+    considered: int = 0
+    skipped: int = 0
+    forced: int = 0
+    trimmed: int = 0
+    generated: int = 0
+    draws: int = 0
+    by_class: dict[str, list[int]] = field(default_factory=dict)
+
+    def __iadd__(self, other: PromptCounts) -> PromptCounts:
+        for name in ("considered", "skipped", "forced", "trimmed", "generated", "draws"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, (seen, skipped) in other.by_class.items():
+            mine = self.by_class.setdefault(name, [0, 0])
+            mine[0] += seen
+            mine[1] += skipped
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        """``dataflex/prompts_*`` metrics; ``prompts_skip_rate/<class>`` = skipped / considered per class."""
+        out = {f"dataflex/prompts_{name}": float(getattr(self, name))
+               for name in ("considered", "skipped", "forced", "trimmed", "generated", "draws")}
+        for name, (seen, skipped) in sorted(self.by_class.items()):
+            if seen:
+                out[f"dataflex/prompts_skip_rate/{name}"] = skipped / seen
+        return out
+
+
+class PromptFill:
+    """How a host gets ``target`` prompts to generate when a pre-rollout selection skips candidates.
+
+    The host draws candidates in rounds of :meth:`request` prompts (a multiple of ``chunk``, its draw unit:
+    verl's ``gen_batch_size``), emits ``on_prompts`` on each round and hands the keep mask to :meth:`add`;
+    :meth:`chosen` then names the candidates to generate, in draw order. Over-sampling is adaptive (after
+    the first round of ``target``, the next asks for the deficit divided by the keep rate seen so far) and
+    bounded: at most ``ceil(max_oversample * target)`` candidates (whole chunks) are considered. If they hold
+    fewer kept candidates than needed, the shortfall is filled with skipped candidates, earliest first,
+    counted as ``forced`` (a host must generate a full batch, and skipping the update would waste the
+    generation), unless nothing at all was kept and ``on_empty`` is ``error``. Kept candidates beyond
+    ``target`` are not generated (``trimmed``).
+    """
+
+    def __init__(self, target: int, *, max_oversample: float, chunk: int = 1, on_empty: str = "skip",
+                 who: str = "dataflex") -> None:
+        if target < 1 or chunk < 1:
+            raise ValueError(f"PromptFill needs target >= 1 and chunk >= 1, got {target} and {chunk}")
+        self.target = target
+        self.chunk = chunk
+        self.on_empty = on_empty
+        self.who = who
+        self.budget = max(_round_up(math.ceil(max_oversample * target), chunk), _round_up(target, chunk))
+        self.keeps: list[Tensor] = []
+        self.counts = PromptCounts()
+        self.kept = 0
+
+    def request(self) -> int:
+        """How many candidates to draw next (0: enough are kept, or the bound is spent)."""
+        deficit = self.target - self.kept
+        left = self.budget - self.counts.considered
+        if deficit <= 0 or left <= 0:
+            return 0
+        if not self.keeps:
+            want = self.target
+        else:  # (kept + 1) / (considered + 1): a keep-rate estimate that is never 0
+            want = max(deficit, math.ceil(deficit * (self.counts.considered + 1) / (self.kept + 1)))
+        return min(_round_up(want, self.chunk), left)
+
+    def add(self, keep: Tensor, batch: Batch | None = None) -> None:
+        """Record one round: ``keep`` (bool ``[n]``) over its candidates; ``batch`` (the ``on_prompts``
+        batch, optional) gives each candidate's history class for the per-class skip rates."""
+        keep = keep.to(torch.bool)
+        self.keeps.append(keep)
+        self.kept += int(keep.sum())
+        c = self.counts
+        c.considered += int(keep.numel())
+        c.draws += 1
+        if batch is not None and batch.has("history_visits") and batch.has("history_class"):
+            code = torch.where(batch["history_visits"] > 0, batch["history_class"] + 1, 0)
+            seen = torch.bincount(code, minlength=4).tolist()
+            skipped = torch.bincount(code[~keep], minlength=4).tolist()
+            for name, s, k in zip(("new", *CLASS_NAMES), seen, skipped):
+                if s:
+                    mine = c.by_class.setdefault(name, [0, 0])
+                    mine[0] += s
+                    mine[1] += k
+
+    def chosen(self) -> Tensor:
+        """Long ``[target]``: indices, into the concatenation of every round's candidates, of those to
+        generate, in draw order."""
+        keep = torch.cat(self.keeps) if self.keeps else torch.zeros(0, dtype=torch.bool)
+        kept = torch.nonzero(keep).flatten()
+        c = self.counts
+        c.skipped = int((~keep).sum())
+        if kept.numel() >= self.target:
+            c.trimmed = int(kept.numel()) - self.target
+            c.generated = self.target
+            return kept[: self.target]
+        if kept.numel() == 0 and self.on_empty == "error":
+            from .errors import DataflexError
+
+            raise DataflexError(f"{self.who} skipped all {c.considered} candidate prompts (at most "
+                                f"dataflex.max_oversample x {self.target} are considered) and "
+                                "dataflex.on_empty=error")
+        forced = torch.nonzero(~keep).flatten()[: self.target - kept.numel()]
+        if kept.numel() + forced.numel() < self.target:
+            raise ValueError(f"PromptFill: {c.considered} candidates were drawn for {self.target} prompts; "
+                             "draw what request() asks for")
+        c.forced = int(forced.numel())
+        c.skipped -= c.forced
+        c.generated = self.target
+        return torch.sort(torch.cat([kept, forced])).values
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+# ---------------------------------------------------------------------------- dynamic sampling with refill
+class GroupFill:
+    """Dynamic sampling with refill (DAPO, arXiv 2503.14476 §3.2): generate rounds of prompts until the
+    ``on_rollout`` selection has kept ``target`` groups.
+
+    The host asks :meth:`request` how many prompts to generate, generates them (through ``on_prompts``
+    when a pre-rollout selection is configured), emits ``on_rollout`` on the round and reports its groups
+    and which of them the selection kept with :meth:`add`, until :meth:`request` says 0. :meth:`train`
+    then names the groups to train: the first ``target`` kept groups in arrival order (the rest of the kept
+    ones are discarded), or, when the rounds ended short, what ``on_exhaust`` says: ``raise``,
+    ``train_short`` (every kept group) or ``pad_with_filtered`` (the kept groups, then dropped groups in
+    arrival order up to ``target``).
+
+    Round sizes (``config.policy``): the first round is ``gen_batch_size`` (default ``target``); then
+    ``fixed``: ``gen_batch_size`` again; ``credit2``: twice the groups dropped in the last round, at most
+    ``gen_batch_size`` (verl 0.9.1's sync replay buffer); ``greso`` (GRESO's adaptive batch size, P1.5):
+    ``est = floor(beta * deficit / (1 - z))`` with ``z`` the share of the last round's groups dropped, the
+    round ``max(min_gen_batch, min(est, gen_batch_size))`` and it is the last one if ``est <= gen_batch_size``
+    (``z = 1`` gives ``gen_batch_size`` and more rounds). ``max_rounds`` bounds the rounds (0: unbounded).
+    """
+
+    def __init__(self, target: int, config: RefillConfig) -> None:
+        self.target = target
+        self.config = config
+        self.gen = config.gen_batch_size or target
+        self.min_gen = config.min_gen_batch or max(1, math.ceil(target / 4))
+        self.rounds = 0
+        self.generated = 0
+        self.kept = 0
+        self.group_keeps: list[Tensor] = []
+        self._next = self.gen
+        self._next_is_last = False
+        self._last_done = False
+
+    @property
+    def exhausted(self) -> bool:
+        """The rounds are spent (``max_rounds``, or the round GRESO's estimate announced as the last)."""
+        limit = self.config.max_rounds
+        return self._last_done or (limit > 0 and self.rounds >= limit)
+
+    def request(self) -> int:
+        """Prompts to generate in the next round (0: done)."""
+        if self.kept >= self.target or self.exhausted:
+            return 0
+        return self._next
+
+    def add(self, kept_groups: Tensor) -> None:
+        """One round: bool ``[groups]``, in the round's arrival order, True where the selection kept it."""
+        kept_groups = kept_groups.to(torch.bool)
+        self.group_keeps.append(kept_groups)
+        groups, kept = int(kept_groups.numel()), int(kept_groups.sum())
+        self.rounds += 1
+        self.generated += groups
+        self.kept += kept
+        self._last_done = self._next_is_last
+        deficit = self.target - self.kept
+        if deficit <= 0:
+            return
+        dropped = groups - kept
+        policy = self.config.policy
+        if policy == "credit2":
+            self._next = min(2 * dropped, self.gen) or min(deficit, self.gen)
+        elif policy == "greso":
+            z = dropped / groups if groups else 1.0
+            if z >= 1 - 1e-6:
+                est, last = self.gen, False
+            else:
+                est = math.floor(self.config.beta * deficit / (1 - z))
+                last = est <= self.gen
+            self._next = max(self.min_gen, min(est, self.gen))
+            self._next_is_last = last
+        else:
+            self._next = self.gen
+
+    def train(self, who: str = "dataflex.refill") -> tuple[Tensor, dict[str, float]]:
+        """Bool over every group generated (rounds concatenated, arrival order): the groups to train, and
+        the ``dataflex/refill/*`` metrics."""
+        keep = torch.cat(self.group_keeps) if self.group_keeps else torch.zeros(0, dtype=torch.bool)
+        rank = torch.cumsum(keep.to(torch.long), 0)
+        train = keep & (rank <= self.target)
+        padded = 0
+        short = self.target - int(train.sum())
+        if short > 0:
+            policy = self.config.on_exhaust
+            if policy == "raise":
+                from .errors import DataflexError
+
+                raise DataflexError(
+                    f"{who}: after {self.rounds} generation round(s) ({self.generated} groups) the selection kept "
+                    f"{int(train.sum())} of the {self.target} groups a step needs (the data is too easy or too "
+                    "hard for it); raise dataflex.refill.max_rounds or set dataflex.refill.on_exhaust to "
+                    "train_short or pad_with_filtered")
+            if policy == "pad_with_filtered":
+                filler = ~keep & (torch.cumsum((~keep).to(torch.long), 0) <= short)
+                padded = int(filler.sum())
+                train = train | filler
+        metrics = {"dataflex/refill/rounds": float(self.rounds),
+                   "dataflex/refill/generated_groups": float(self.generated),
+                   "dataflex/refill/kept_groups": float(self.kept),
+                   "dataflex/refill/trained_groups": float(train.sum()),
+                   "dataflex/refill/discarded_groups": float(max(self.kept - self.target, 0)),
+                   "dataflex/refill/padded_groups": float(padded),
+                   "dataflex/refill/short_groups": float(max(self.target - int(train.sum()), 0))}
+        return train, metrics

@@ -147,6 +147,13 @@ class Method:
         metrics[f"{p}kept_groups"] = float(torch.unique(view.group_index[keep]).numel())
         for k, v in sel.metrics.items():
             metrics[f"{p}{k}"] = float(v)
+        if self.event == "on_prompts":
+            # Skipping every candidate of one draw is not an empty selection: the host draws more, and
+            # on_empty applies only once its over-sampling bound is spent (decision.PromptFill).
+            if dropped is not None:
+                decision.drop(dropped)
+            decision.restrict(keep)
+            return
         if self._empty(batch, keep, step, decision, dropped):
             return
         if self.event == "on_rollout":

@@ -114,6 +114,10 @@ class Pipeline:
         return decision
 
     @hookimpl
+    def on_prompts(self, batch: Batch, step: int, decision: Decision) -> None:
+        self.apply(batch, step, decision, event="on_prompts")
+
+    @hookimpl
     def on_rollout(self, batch: Batch, step: int, decision: Decision) -> None:
         self.apply(batch, step, decision, event="on_rollout")
 
