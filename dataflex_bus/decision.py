@@ -318,6 +318,20 @@ def _round_up(n: int, unit: int) -> int:
 
 
 # ---------------------------------------------------------------------------- dynamic sampling with refill
+def kept_groups(batch: Batch, decision: Decision) -> Tensor:
+    """Bool ``[num_groups]``: the groups of one generation round an ``on_rollout`` decision keeps, for
+    dynamic sampling (:class:`GroupFill`). A round whose selection keeps nothing is refilled rather than
+    skipped, so ``skip_update`` is not read here; the exhaust policy decides once the rounds are spent."""
+    if decision.weights is not None or decision.advantages is not None:
+        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages",
+                              "decided at on_rollout, before advantages exist; a method writing them must act "
+                              "at on_advantage")
+    keep = batch.valid_rows if decision.keep is None else decision.keep & batch.valid_rows
+    gi, g = batch.group_index, batch.num_groups
+    counts = torch.zeros(g, dtype=torch.long).index_add_(0, gi[gi >= 0], keep[gi >= 0].to(torch.long))
+    return counts > 0
+
+
 class GroupFill:
     """Dynamic sampling with refill (DAPO, arXiv 2503.14476 §3.2): generate rounds of prompts until the
     ``on_rollout`` selection has kept ``target`` groups.
@@ -383,8 +397,8 @@ class GroupFill:
             z = dropped / groups if groups else 1.0
             if z >= 1 - 1e-6:
                 est, last = self.gen, False
-            else:
-                est = math.floor(self.config.beta * deficit / (1 - z))
+            else:  # beta * deficit / (1 - z) with 1 - z = kept / groups, without the float round trip
+                est = math.floor(self.config.beta * deficit * groups / kept)
                 last = est <= self.gen
             self._next = max(self.min_gen, min(est, self.gen))
             self._next_is_last = last

@@ -202,9 +202,14 @@ class PromptTable:
 
     def lookup_labels(self, labels: Sequence[Any], rows: Tensor) -> Tensor:
         """:meth:`lookup` with domain labels (strings) instead of ids."""
-        ids, found = _index_labels(labels)
+        ids, found = _index_labels(labels, self.column)
         position = {n: i for i, n in enumerate(self.domains)}
-        remap = torch.tensor([position.get(n, -1) for n in found] + [-1], dtype=torch.long)
+        unknown = [str(n) for n in found if str(n) not in position]
+        if unknown:
+            raise BatchFieldError("dataflex prompt ids", self.column,
+                                  f"domain {unknown[0]!r} is not a domain of the dataset's prompt table "
+                                  f"{self.domains}")
+        remap = torch.tensor([position[str(n)] for n in found] + [-1], dtype=torch.long)
         return self.lookup(remap[ids] if ids.numel() else ids, rows)
 
     def fingerprint(self) -> dict[str, Any]:

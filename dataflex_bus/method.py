@@ -37,13 +37,15 @@ class Method:
 
     def __init__(self, config: MethodConfig, scorer: Scorer, actuator: Component, *, event: str,
                  provenance: Mapping[str, str] | None = None, domains: Sequence[str] | None = None,
-                 prefix: str = "dataflex/") -> None:
+                 prefix: str = "dataflex/", refill: bool = False) -> None:
         self.config = config
         self.scorer = scorer
         self.actuator = actuator
         self.event = event
         self.provenance = dict(provenance or {})
         self.prefix = prefix
+        #: The host refills what this method drops (dataflex.refill): an empty round is refilled, not skipped.
+        self.refill = refill and event == "on_rollout"
         self.configured_domains = list(domains) if domains else None
         self.domain_probs: dict[str, float] | None = None
         self.counters = {"empty_selections": 0, "nonfinite_rows": 0}
@@ -147,11 +149,14 @@ class Method:
         metrics[f"{p}kept_groups"] = float(torch.unique(view.group_index[keep]).numel())
         for k, v in sel.metrics.items():
             metrics[f"{p}{k}"] = float(v)
-        if self.event == "on_prompts":
-            # Skipping every candidate of one draw is not an empty selection: the host draws more, and
-            # on_empty applies only once its over-sampling bound is spent (decision.PromptFill).
+        if self.event == "on_prompts" or self.refill:
+            # Skipping every candidate of one draw (or every group of one refill round) is not an empty
+            # selection: the host draws more; on_empty (max_oversample spent) or on_exhaust (rounds spent)
+            # decides later (decision.PromptFill, decision.GroupFill).
             if dropped is not None:
                 decision.drop(dropped)
+            if self.refill:
+                self._check_whole_groups(view, keep)
             decision.restrict(keep)
             return
         if self._empty(batch, keep, step, decision, dropped):

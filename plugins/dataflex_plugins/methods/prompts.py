@@ -15,6 +15,7 @@ run of easy/hard visits, read from the per-prompt history the bus keeps) times t
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import torch
@@ -62,7 +63,7 @@ class ZeroVarianceStreak(Scorer):
     def visit_classes(self) -> VisitClasses:
         return VisitClasses(**{k: self.config[k] for k in _CLASS_PARAMS})
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
         streak = batch["history_streak"].to(torch.long)
         cls = batch["history_class"].to(torch.long)
         signed = torch.where(cls == EASY, streak, torch.where(cls == HARD, -streak, 0))
@@ -127,20 +128,20 @@ class Greso(Selector):
         groups = int(batch["history_step_groups"])
         if int(batch["history_epoch"]) < self.adapt_from_epoch or groups == 0:
             return
-        alpha, delta = self.target_zero_variance, self.step
-        r_easy = int(batch["history_step_easy"]) / groups
-        r_hard = int(batch["history_step_hard"]) / groups
+        # R >= target on integer counts against the target as written (0.3, not 0.29999...): exact at the edge.
+        alpha, delta = Fraction(repr(float(self.target_zero_variance))), self.step
+        easy, hard = int(batch["history_step_easy"]), int(batch["history_step_hard"])
         # Too many zero-variance rollouts of a class: explore it less (a lower p skips more).
-        if r_easy >= alpha / 3:
+        if 3 * easy >= alpha * groups:
             self.p_easy = max(self.p_easy - delta, self.p_min)
         else:
             self.p_easy = min(self.p_easy + delta, self.p_max)
-        if r_hard >= 2 * alpha / 3:
+        if 3 * hard >= 2 * alpha * groups:
             self.p_hard = max(self.p_hard - delta, self.p_min)
         else:
             self.p_hard = min(self.p_hard + delta, self.p_max)
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         self._adapt(batch)
         s = score.values.to(torch.float64)
         base = torch.where(s > 0, self.p_easy, self.p_hard).to(torch.float64)
