@@ -172,6 +172,10 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component]
             f"{' or '.join(a_cls.accepts)}-level scores", a_cls.accepts))  # type: ignore[attr-defined]
     if s_cls.timing == "pre_rollout":
         issues.extend(_check_pre_rollout(method, s_cls, a_cls, key))
+    elif a_cls.uses_history and any(f.startswith("history_") for f in getattr(a_cls, "requires", ())):
+        issues.append(ConfigIssue(f"{key}.scorer.name", f"{a_cls.kind} {aname!r} selects prompts before generation "
+                                  f"from their history; scorer {sname!r} runs {s_cls.timing}: pair it with a "
+                                  "pre_rollout scorer (such as zero_variance_streak)"))
     if method.mechanism == "select" and _TIMING_ORDER.index(s_cls.timing) > _TIMING_ORDER.index("post_advantage"):
         issues.append(ConfigIssue(f"{key}.scorer.name",
                                   f"scorer {sname!r} runs {s_cls.timing}, after the update it would select for"))
