@@ -3,6 +3,8 @@ with refill: events, compute counters that add up, exact resume, and runs that c
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -31,7 +33,7 @@ def run(block, steps, **kw):
 
 def deltas(metrics, key):
     values = [0.0] + [m[key] for m in metrics]
-    return [b - a for a, b in zip(values, values[1:])]
+    return [b - a for a, b in itertools.pairwise(values)]
 
 
 class PromptIndexScore(Scorer):
@@ -76,7 +78,7 @@ def test_greso_run_counts_every_candidate_and_rollout():
     assert all(x["dataflex/prompts_skip_rate/new"] == 0.0 for x in m if "dataflex/prompts_skip_rate/new" in x)
     assert m[0]["dataflex/prompts_skip_rate/new"] == 0.0
     assert sum(x["dataflex/prompts_skipped"] for x in m) > 0  # revisited all-wrong/all-right prompts are skipped
-    for step, x in enumerate(m):
+    for x in m:
         assert x["compute/generated_rollouts"] == x["compute/trained_rows"] + x["compute/dropped_rows"]
         assert x["compute/generated_rollouts"] == n * x["compute/generated_groups"]
         assert x["dataflex/prompts_considered"] == (x["dataflex/prompts_generated"] + x["dataflex/prompts_skipped"]
@@ -120,7 +122,7 @@ def test_selector_skipping_everything_cannot_stall_the_run(skip_all):
 
 
 def test_skipping_everything_under_on_empty_error_stops_with_a_clear_error(skip_all):
-    with pytest.raises(DataflexError, match="skipped all 24 candidate prompts.*on_empty=error"):
+    with pytest.raises(DataflexError, match=r"skipped all 24 candidate prompts.*on_empty=error"):
         run({**skip_all, "on_empty": "error"}, 1)
 
 
