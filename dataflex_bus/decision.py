@@ -198,19 +198,23 @@ def carry_out_prompts(batch: Batch, decision: Decision) -> Tensor:
 class PromptCounts:
     """What pre-rollout selection did in one step (summed over its draws): candidates considered,
     skipped by the selection, generated anyway to fill a shortfall (``forced``), kept but beyond what was
-    needed (``trimmed``), generated, draws, and per history class (``new``, ``other``, ``easy``, ``hard``)
-    the candidates considered and skipped."""
+    needed (``trimmed``), kept but already chosen earlier in the same fill (``duplicate``), generated,
+    draws, and per history class (``new``, ``other``, ``easy``, ``hard``) the candidates considered and
+    skipped. ``considered = generated + skipped + trimmed + duplicate``."""
 
     considered: int = 0
     skipped: int = 0
     forced: int = 0
     trimmed: int = 0
+    duplicate: int = 0
     generated: int = 0
     draws: int = 0
     by_class: dict[str, list[int]] = field(default_factory=dict)
 
+    _NAMES = ("considered", "skipped", "forced", "trimmed", "duplicate", "generated", "draws")
+
     def __iadd__(self, other: PromptCounts) -> PromptCounts:
-        for name in ("considered", "skipped", "forced", "trimmed", "generated", "draws"):
+        for name in self._NAMES:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name, (seen, skipped) in other.by_class.items():
             mine = self.by_class.setdefault(name, [0, 0])
@@ -220,8 +224,7 @@ class PromptCounts:
 
     def metrics(self) -> dict[str, float]:
         """``dataflex/prompts_*`` metrics; ``prompts_skip_rate/<class>`` = skipped / considered per class."""
-        out = {f"dataflex/prompts_{name}": float(getattr(self, name))
-               for name in ("considered", "skipped", "forced", "trimmed", "generated", "draws")}
+        out = {f"dataflex/prompts_{name}": float(getattr(self, name)) for name in self._NAMES}
         for name, (seen, skipped) in sorted(self.by_class.items()):
             if seen:
                 out[f"dataflex/prompts_skip_rate/{name}"] = skipped / seen
@@ -239,7 +242,9 @@ class PromptFill:
     fewer kept candidates than needed, the shortfall is filled with skipped candidates, earliest first,
     counted as ``forced`` (a host must generate a full batch, and skipping the update would waste the
     generation), unless nothing at all was kept and ``on_empty`` is ``error``. Kept candidates beyond
-    ``target`` are not generated (``trimmed``).
+    ``target`` are not generated (``trimmed``). Given the candidates' ``prompt_index``, a prompt is chosen
+    at most once per fill (a candidate repeating an earlier choice is a ``duplicate``): a sampler drawing with
+    replacement, or a fill spanning an epoch boundary, would otherwise generate the same prompt twice.
     """
 
     def __init__(self, target: int, *, max_oversample: float, chunk: int = 1, on_empty: str = "skip",
@@ -252,6 +257,8 @@ class PromptFill:
         self.who = who
         self.budget = max(_round_up(math.ceil(max_oversample * target), chunk), _round_up(target, chunk))
         self.keeps: list[Tensor] = []
+        self.ids: list[Tensor] = []
+        self.chosen_ids = torch.zeros(0, dtype=torch.long)
         self.counts = PromptCounts()
         self.kept = 0
 
@@ -269,13 +276,21 @@ class PromptFill:
 
     def add(self, keep: Tensor, batch: Batch | None = None) -> None:
         """Record one round: ``keep`` (bool ``[n]``) over its candidates; ``batch`` (the ``on_prompts``
-        batch, optional) gives each candidate's history class for the per-class skip rates."""
+        batch) gives each candidate's ``prompt_index`` (duplicates) and history class (per-class skip rates)."""
         keep = keep.to(torch.bool)
-        self.keeps.append(keep)
-        self.kept += int(keep.sum())
         c = self.counts
         c.considered += int(keep.numel())
         c.draws += 1
+        if batch is not None and batch.has("prompt_index"):
+            ids = batch["prompt_index"].to(torch.long)
+            fresh = _first_new(ids, keep, self.chosen_ids)
+            c.duplicate += int((keep & ~fresh).sum())
+            self.chosen_ids = torch.cat([self.chosen_ids, ids[fresh]])
+        else:
+            ids, fresh = torch.full((keep.numel(),), -1, dtype=torch.long), keep
+        self.keeps.append(fresh)
+        self.ids.append(ids)
+        self.kept += int(fresh.sum())
         if batch is not None and batch.has("history_visits") and batch.has("history_class"):
             code = torch.where(batch["history_visits"] > 0, batch["history_class"] + 1, 0)
             seen = torch.bincount(code, minlength=4).tolist()
@@ -292,7 +307,7 @@ class PromptFill:
         keep = torch.cat(self.keeps) if self.keeps else torch.zeros(0, dtype=torch.bool)
         kept = torch.nonzero(keep).flatten()
         c = self.counts
-        c.skipped = int((~keep).sum())
+        c.skipped = int(keep.numel()) - int(kept.numel()) - c.duplicate
         if kept.numel() >= self.target:
             c.trimmed = int(kept.numel()) - self.target
             c.generated = self.target
@@ -303,14 +318,33 @@ class PromptFill:
             raise DataflexError(f"{self.who} skipped all {c.considered} candidate prompts (at most "
                                 f"dataflex.max_oversample x {self.target} are considered) and "
                                 "dataflex.on_empty=error")
-        forced = torch.nonzero(~keep).flatten()[: self.target - kept.numel()]
+        ids = torch.cat(self.ids)
+        pool = _first_new(ids, ~keep, self.chosen_ids)
+        forced = torch.nonzero(pool).flatten()[: self.target - kept.numel()]
         if kept.numel() + forced.numel() < self.target:
-            raise ValueError(f"PromptFill: {c.considered} candidates were drawn for {self.target} prompts; "
-                             "draw what request() asks for")
+            from .errors import DataflexError
+
+            raise DataflexError(f"PromptFill: {c.considered} candidates (of {int(torch.unique(ids).numel())} "
+                             f"distinct prompts) were drawn for {self.target} prompts; draw what request() asks "
+                             "for, from a dataset holding at least that many prompts")
         c.forced = int(forced.numel())
         c.skipped -= c.forced
         c.generated = self.target
         return torch.sort(torch.cat([kept, forced])).values
+
+
+def _first_new(ids: Tensor, mask: Tensor, taken: Tensor) -> Tensor:
+    """Bool: the candidates of ``mask`` whose id is not in ``taken`` and not repeated earlier among them
+    (ids ``-1`` mean unknown and always count as new)."""
+    known = ids >= 0
+    cand = mask & ~(known & torch.isin(ids, taken))
+    if not bool(known.any()):
+        return cand
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    pos = torch.arange(ids.numel())
+    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.where(cand, pos, ids.numel()), "amin")
+    return cand & ((first[inverse] == pos) | ~known)
 
 
 def _round_up(n: int, unit: int) -> int:

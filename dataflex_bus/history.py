@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .batch import Batch, _index_labels
 from .errors import BatchFieldError, ConfigError, ConfigIssue
-from .ops import segment_count, segment_sum
+from .ops import segment_count, segment_max, segment_min, segment_sum
 
 #: Visit classes. A visit is *easy* (all right) or *hard* (all wrong) under :class:`VisitClasses`;
 #: anything else, a singleton group included, is *other* and never starts a streak.
@@ -280,25 +280,22 @@ class PromptHistory:
         gi, g = batch.group_index, batch.num_groups
         if g == 0:
             return {}
-        valid = gi >= 0
-        rows = torch.arange(len(batch))
-        pidx = batch["prompt_index"].to(torch.long)
-        lo_p = torch.full((g,), 2**62, dtype=torch.long).scatter_reduce(0, gi[valid], pidx[valid], "amin")
-        hi_p = torch.full((g,), -1, dtype=torch.long).scatter_reduce(0, gi[valid], pidx[valid], "amax")
-        if bool((lo_p != hi_p).any()) or bool((hi_p >= len(self)).any()) or bool((lo_p < 0).any()):
+        # Per-group statistics by segment reductions (padding rows have gi = -1 and fall out); prompt ids
+        # and row numbers stay exact in float64 (below 2**53).
+        pidx = batch["prompt_index"].to(torch.float64)
+        lo_p, hi_p = segment_min(pidx, gi, g), segment_max(pidx, gi, g)
+        if not bool(((lo_p == hi_p) & (lo_p >= 0) & (hi_p < len(self))).all()):
             raise BatchFieldError("dataflex prompt history", "prompt_index",
                                   "every row of a group (uid) must carry the same prompt_index, in "
                                   f"0..{len(self) - 1}")
-        first = torch.full((g,), len(batch), dtype=torch.long).scatter_reduce(0, gi[valid], rows[valid], "amin")
-        arrival = torch.argsort(first)
+        arrival = torch.argsort(segment_min(torch.arange(len(batch), dtype=torch.float64), gi, g))
         r = batch.rewards.to(torch.float64)
         size = batch.group_sizes
         mean = segment_sum(r, gi, g) / size.clamp_min(1)
-        low = torch.full((g,), float("inf"), dtype=torch.float64).scatter_reduce(0, gi[valid], r[valid], "amin")
-        high = torch.full((g,), float("-inf"), dtype=torch.float64).scatter_reduce(0, gi[valid], r[valid], "amax")
+        low, high = segment_min(r, gi, g), segment_max(r, gi, g)
         cls = self.classes.classify(mean, low, high, size)
         counted = self.classes.count_class(mean, low, high, size)
-        self._visit(lo_p[arrival], cls[arrival], mean[arrival], step)
+        self._visit(lo_p.to(torch.long)[arrival], cls[arrival], mean[arrival], step)
         if self.current[0] != step:
             self.current = [step, 0, 0, 0]
         n_easy, n_hard = int((counted == EASY).sum()), int((counted == HARD).sum())

@@ -97,6 +97,32 @@ def test_skip_rates_by_history_class():
     assert m["dataflex/prompts_skip_rate/other"] == 0.0
 
 
+def ids_batch(ids: list[int]) -> Batch:
+    return Batch.from_tensors(uid=torch.arange(len(ids)), prompt_index=torch.tensor(ids))
+
+
+def test_a_prompt_is_chosen_at_most_once_per_fill():
+    fill = PromptFill(3, max_oversample=2.0)
+    fill.add(mask(T, T, T), ids_batch([5, 5, 7]))  # the second 5 repeats the first
+    assert fill.request() == 2
+    fill.add(mask(T, F), ids_batch([5, 9]))
+    assert fill.request() == 1
+    fill.add(mask(F), ids_batch([9]))
+    assert fill.request() == 0
+    # kept 5 and 7; the shortfall is filled with 9 once (its repeat and the repeats of 5 are not candidates)
+    assert fill.chosen().tolist() == [0, 2, 4]
+    c = fill.counts
+    assert (c.considered, c.duplicate, c.skipped, c.forced, c.generated) == (6, 2, 1, 1, 3)
+    assert c.considered == c.generated + c.skipped + c.trimmed + c.duplicate
+
+
+def test_too_few_distinct_prompts_is_a_clear_error():
+    fill = PromptFill(3, max_oversample=1.0)
+    fill.add(mask(F, F, F), ids_batch([1, 1, 2]))
+    with pytest.raises(DataflexError, match="of 2 distinct prompts"):
+        fill.chosen()
+
+
 def test_counts_add_up_over_the_draws_of_a_step():
     total = PromptCounts()
     for keep in (mask(T, F, T), mask(F, F, T)):

@@ -82,7 +82,7 @@ def test_greso_run_counts_every_candidate_and_rollout():
         assert x["compute/generated_rollouts"] == x["compute/trained_rows"] + x["compute/dropped_rows"]
         assert x["compute/generated_rollouts"] == n * x["compute/generated_groups"]
         assert x["dataflex/prompts_considered"] == (x["dataflex/prompts_generated"] + x["dataflex/prompts_skipped"]
-                                                    + x["dataflex/prompts_trimmed"])
+                                                    + x["dataflex/prompts_trimmed"] + x["dataflex/prompts_duplicate"])
     assert deltas(m, "compute/generated_groups") == [x["dataflex/prompts_generated"] for x in m]
     assert deltas(m, "compute/generated_groups") == [x["dataflex/refill/generated_groups"] for x in m]
     assert deltas(m, "compute/considered_prompts") == [x["dataflex/prompts_considered"] for x in m]
