@@ -15,8 +15,17 @@ at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_bas
   in it.
 * ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn
   by the pipeline's domain probabilities (:class:`~dataflex_bus.verl.sampler.DomainSampler`).
+* ``_next_train_batch`` -> **on_prompts**: a step's first prompts and every refill are pulled in
+  ``gen_batch_size`` chunks and pre-filtered (:class:`~dataflex_bus.decision.PromptFill`) until enough
+  are kept, so only kept prompts reach the agent loop.
+* the replay buffer (:class:`~dataflex_bus.verl.buffer.DataflexReplayBuffer`, when a prompt history is
+  kept under ``algorithm.filter_groups`` or ``dataflex.refill`` is set): every finished group enters the
+  history before anything is evicted, and under ``dataflex.refill`` the ``on_rollout`` selection decides
+  which groups verl evicts and refills.
 
-Plugin state is saved as ``global_step_N/dataflex_state.pt`` before verl's checkpoint (whose tracker
+Prompt ids are ``(data_source, extra_info.index)`` (the ``dataflex.domain_key`` column and the index),
+checked unique over the training dataset when the dataloader is built. Plugin state (the per-prompt
+history included) is saved as ``global_step_N/dataflex_state.pt`` before verl's checkpoint (whose tracker
 file is written last) and restored after verl's ``_load_checkpoint``. The trainer forces
 ``self.trainer_mode = "sync"`` so verl keeps every sync code path (sync ReplayBuffer, no forced
 ``gen_batch_size=1``, no TQ snapshot in checkpoints).
@@ -37,9 +46,10 @@ from typing import Any
 import numpy as np
 import torch
 import transfer_queue as tq
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
@@ -48,10 +58,21 @@ from verl.utils.dataset.rl_dataset import collate_fn
 
 from .. import __version__
 from ..batch import Batch
-from ..decision import Decision, carry_out_advantage, carry_out_rollout, sampling_probabilities
+from ..decision import (
+    Decision,
+    PromptCounts,
+    PromptFill,
+    carry_out_advantage,
+    carry_out_prompts,
+    carry_out_rollout,
+    kept_groups,
+    sampling_probabilities,
+)
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
+from ..history import PromptTable
 from ..runtime import Runtime
 from . import TRAINER_MODE
+from .buffer import DATAFLEX_METRIC, DataflexReplayBuffer
 from .sampler import DomainSampler
 from .tqbatch import fetch, put, to_batch, to_nested
 
@@ -108,9 +129,69 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
         log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
                     "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
     filter_groups = config.algorithm.get("filter_groups", None)
-    if filter_groups is not None and filter_groups.get("enable", False) and runtime.filters_zero_variance():
+    verl_dapo = filter_groups is not None and bool(filter_groups.get("enable", False))
+    refill = runtime.refill
+    if refill is not None:
+        if verl_dapo:
+            raise ConfigError(ConfigIssue("dataflex.refill", "algorithm.filter_groups already refills zero-variance "
+                                          "groups inside verl's replay buffer; use one of the two"))
+        if refill.policy != "credit2":
+            raise ConfigError(ConfigIssue("dataflex.refill.policy", f"under verl the replay buffer refills two prompts "
+                                          f"per evicted group (credit2); {refill.policy!r} cannot be carried out "
+                                          "there", ["credit2"]))
+        if refill.on_exhaust == "train_short":
+            raise ConfigError(ConfigIssue("dataflex.refill.on_exhaust", "verl's sync replay buffer always trains "
+                                          "train_batch_size groups; it cannot train short",
+                                          ["raise", "pad_with_filtered"]))
+    if verl_dapo and runtime.filters_zero_variance():
         log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "
                     "a dataflex selector that drops zero-variance groups will find nothing to drop after it")
+
+
+def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt") -> PromptTable:
+    """The training dataset's prompt ids ``(domain_key column, extra_info.index)``, checked once.
+
+    verl's ``RLHFDataset`` gives a row without ``extra_info.index`` the index 0 and each fetch a fresh
+    ``uid``, so neither identifies a prompt across steps: every row must carry its own index. Rows
+    sharing an id are accepted only when their prompts are identical (a repeated prompt is one prompt).
+    """
+    columns = list(frame.column_names)
+    if domain_key not in columns:
+        raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {domain_key!r} is not in the training "
+                                      "dataset", columns))
+    n = len(frame)
+    infos = frame["extra_info"] if "extra_info" in columns else [None] * n
+    missing = [i for i, info in enumerate(infos) if not isinstance(info, Mapping) or info.get("index") is None]
+    if missing:
+        raise ConfigError(ConfigIssue(
+            "extra_info.index", f"{len(missing)} of {n} training rows (the first: row {missing[0]}) have no "
+            "extra_info.index; verl gives them all index 0, so their per-prompt histories would merge. Set a "
+            "unique extra_info.index per prompt of a data source"))
+    try:
+        rows = torch.tensor([int(info["index"]) for info in infos], dtype=torch.long)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(ConfigIssue("extra_info.index", f"must be an integer in every training row ({exc})")) \
+            from None
+    labels = [str(x) for x in frame[domain_key]]
+    names = sorted(set(labels))
+    position = {name: i for i, name in enumerate(names)}
+    ids = torch.tensor([position[x] for x in labels], dtype=torch.long)
+    keys = ids * (rows.max() + 1) + rows
+    uniq, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+    if bool((counts > 1).any()):
+        repeated = torch.nonzero(counts[inverse] > 1).flatten().tolist()
+        prompts = frame[prompt_key] if prompt_key in columns else [None] * n
+        first: dict[int, Any] = {}
+        for i in repeated:  # only rows whose id repeats: compare their prompts
+            key = int(keys[i])
+            if key in first and first[key] != prompts[i]:
+                raise ConfigError(ConfigIssue(
+                    "extra_info.index", f"rows with data source {labels[i]!r} and extra_info.index={int(rows[i])} "
+                    "hold different prompts; set a unique extra_info.index per prompt of a data source"))
+            first.setdefault(key, prompts[i])
+        firsts = torch.full((uniq.numel(),), n, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(n), "amin")
+        ids, rows = ids[firsts], rows[firsts]
+    return PromptTable(names, ids, rows, column="extra_info.index")
 
 
 # ---------------------------------------------------------------------------- batch statistics
@@ -151,6 +232,10 @@ class DataflexSyncTrainer(PPOTrainerSync):
         self.domain_sampler: DomainSampler | None = None
         self._skip_update = False
         self._drawn: dict[str, int] = {}
+        self._prompt_counts = PromptCounts()
+        #: Metrics of events emitted outside a step method's ``metrics`` dict (prompt fetches, the buffer).
+        self._event_metrics: dict[str, float] = {}
+        self._refill_dispatched = 0
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl mode
@@ -159,7 +244,17 @@ class DataflexSyncTrainer(PPOTrainerSync):
         # in checkpoints, TQ restore on resume); any other mode string silently selects the async paths.
         self.trainer_mode = "sync"
         self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
-        return super()._build_replay_buffer()
+        buffer = super()._build_replay_buffer()
+        refill = self.dataflex.refill is not None
+        if type(buffer) is not ReplayBuffer or not (refill or (self.dataflex.keeps_history
+                                                               and buffer.filter_groups_metric is not None)):
+            return buffer
+        if refill:
+            buffer.gen_batch_size = 1  # exact refills, as verl sets for its own DAPO
+            buffer.train_batch_size = self.config.data.train_batch_size
+            buffer.refill_fn = self._refill
+        return DataflexReplayBuffer.like(buffer, on_finished=self._on_finished,
+                                         filter_groups_metric=DATAFLEX_METRIC if refill else None)
 
     # ------------------------------------------------------------------ events
     def _step_index(self) -> int:
@@ -174,10 +269,9 @@ class DataflexSyncTrainer(PPOTrainerSync):
             fields |= {"loss_mask", "advantages"}
         return fields
 
-    def _emit(self, event: str, meta: KVBatchMeta,
-              extra_fields: Iterable[str] = ()) -> tuple[Decision, Batch, TensorDict]:
-        """Read the batch from TQ, emit ``event`` on the bus; returns the decision, the batch and the
-        fetched TensorDict (whose nested ``response_mask`` gives the row lengths for writing back)."""
+    def _read(self, event: str, meta: KVBatchMeta, extra_fields: Iterable[str] = ()) -> tuple[Batch, TensorDict]:
+        """The batch of ``meta`` at ``event`` from TQ, and the fetched TensorDict (whose nested
+        ``response_mask`` gives the row lengths for writing back)."""
         fields = self._event_fields(event) | set(extra_fields)
         data = fetch(meta, fields)
         if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
@@ -189,6 +283,13 @@ class DataflexSyncTrainer(PPOTrainerSync):
             raise BatchFieldError("dataflex mix", self.domain_key,
                                   "the trajectories in TransferQueue carry no domain label; set "
                                   "dataflex.domain_key to a dataset column")
+        return batch, data
+
+    def _emit(self, event: str, meta: KVBatchMeta,
+              extra_fields: Iterable[str] = ()) -> tuple[Decision, Batch, TensorDict]:
+        """Read the batch from TQ, emit ``event`` on the bus; returns the decision, the batch and the
+        fetched TensorDict."""
+        batch, data = self._read(event, meta, extra_fields)
         return self.dataflex.emit(event, batch, self._step_index()), batch, data
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, *args: Any, **kwargs: Any) -> KVBatchMeta:
@@ -197,8 +298,25 @@ class DataflexSyncTrainer(PPOTrainerSync):
         batch = self._on_rollout(batch, metrics)
         return super()._balance_batch(batch, metrics, *args, **kwargs)
 
+    @property
+    def _buffer_sees_rollouts(self) -> bool:
+        """The replay buffer hands every finished group to :meth:`_on_finished` (history, refill)."""
+        return isinstance(getattr(self, "replay_buffer", None), DataflexReplayBuffer)
+
     def _on_rollout(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        decision, batch, _ = self._emit("on_rollout", meta)
+        metrics.update(self._event_metrics)
+        self._event_metrics = {}
+        if self.dataflex.refill is not None:
+            # The buffer already ran on_rollout on every finished group and evicted what it dropped.
+            batch, _ = self._read("on_rollout", meta)
+            metrics.update(rollout_metrics(batch))
+            return meta
+        history_here = self.dataflex.keeps_history and not self._buffer_sees_rollouts
+        batch, data = self._read("on_rollout", meta, ["index"] if history_here else [])
+        if history_here:
+            batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
+            metrics.update(self.dataflex.record_rollouts(batch, self._step_index()))
+        decision = self.dataflex.emit("on_rollout", batch, self._step_index())
         metrics.update(rollout_metrics(batch))
         metrics.update(decision.metrics)
         action = carry_out_rollout(batch, decision)
@@ -211,6 +329,113 @@ class DataflexSyncTrainer(PPOTrainerSync):
         tq.kv_clear(keys=dropped, partition_id=meta.partition_id)
         metrics["dataflex/removed_rows"] = float(action.removed)
         return meta.select_keys(kept)
+
+    # ------------------------------------------------------------------ prompt ids, selection, history
+    def _prompt_index(self, data: TensorDict, batch: Batch) -> torch.Tensor:
+        """Dense prompt index per trajectory, from its ``data_source`` and ``index`` (extra_info.index)."""
+        table = self.dataflex.prompt_table
+        assert table is not None
+        labels = [getattr(x, "data", x) for x in data[self.domain_key]]
+        index = [getattr(x, "data", x) for x in data["index"]]
+        real = batch.valid_rows.tolist()
+        rows = torch.tensor([int(i) if ok else 0 for i, ok in zip(index, real)], dtype=torch.long)
+        names = [label if ok else table.domains[0] for label, ok in zip(labels, real)]
+        return torch.where(batch.valid_rows, table.lookup_labels(names, rows), 0)
+
+    def _on_finished(self, uids: list[str], keys: list[str], tags: list[dict[str, Any]],
+                     partition: str) -> set[str] | None:
+        """Newly finished groups, seen by the replay buffer before any eviction: into the history, and
+        under ``dataflex.refill`` through on_rollout (the uids it drops are evicted and refilled)."""
+        if not keys:
+            return None
+        meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
+        batch, data = self._read("on_rollout", meta, ["index"] if self.dataflex.keeps_history else [])
+        step = self._step_index()
+        if self.dataflex.keeps_history:
+            batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
+            for key, value in self.dataflex.record_rollouts(batch, step).items():
+                self._event_metrics[key] = self._event_metrics.get(key, 0.0) + value
+        if self.dataflex.refill is None:
+            return None
+        decision = self.dataflex.emit("on_rollout", batch, step)
+        self._event_metrics.update(decision.metrics)
+        keep = kept_groups(batch, decision)
+        rows = keep[batch.group_index.clamp_min(0)] | ~batch.valid_rows
+        dropped = {k.split("_")[0] for k, kept in zip(keys, rows.tolist()) if not kept}
+        return self._exhausted(dropped) if dropped and self._refill_spent() else dropped
+
+    def _refill(self, num_prompts: int) -> int:
+        """verl's refill (two prompts per evicted group), counted against ``dataflex.refill.max_rounds``."""
+        self._refill_dispatched += num_prompts
+        return self._add_prompts_to_generate(num_prompts)
+
+    def _refill_spent(self) -> bool:
+        refill = self.dataflex.refill
+        assert refill is not None
+        # Rounds in units of train_batch_size dispatched prompts; the step's first batch is round 1.
+        return refill.max_rounds > 0 and self._refill_dispatched >= (refill.max_rounds - 1) * int(
+            self.config.data.train_batch_size)
+
+    def _exhausted(self, dropped: set[str]) -> set[str]:
+        refill = self.dataflex.refill
+        assert refill is not None
+        if refill.on_exhaust == "raise":
+            from ..errors import DataflexError
+
+            raise DataflexError(f"dataflex.refill: {refill.max_rounds} rounds of {self.config.data.train_batch_size} "
+                                f"prompts were generated at step {self.global_steps} and the selection still drops "
+                                "groups the batch needs; raise dataflex.refill.max_rounds or set "
+                                "dataflex.refill.on_exhaust=pad_with_filtered")
+        self._event_metrics["dataflex/refill/padded_groups"] = (
+            self._event_metrics.get("dataflex/refill/padded_groups", 0.0) + len(dropped))
+        return set()  # pad_with_filtered: what the selection drops from now on trains
+
+    def _candidate_ids(self, chunk: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Domain ids (into the prompt table's domains) and ``extra_info.index`` of fetched prompts."""
+        table = self.dataflex.prompt_table
+        assert table is not None
+        position = {name: i for i, name in enumerate(table.domains)}
+        labels = [str(getattr(x, "data", x)) for x in chunk[self.domain_key]]
+        unknown = sorted(set(labels) - set(position))
+        if unknown:
+            raise BatchFieldError("dataflex prompt ids", self.domain_key,
+                                  f"domain {unknown[0]!r} is not in the training dataset's prompt table")
+        ids = torch.tensor([position[label] for label in labels], dtype=torch.long)
+        rows = torch.tensor([int(getattr(x, "data", x)) for x in chunk["index"]], dtype=torch.long)
+        return ids, rows
+
+    def _next_train_batch(self, num_prompts: int | None = None) -> TensorDict:
+        """verl's prompt fetch (a step's first batch and every refill), through on_prompts when a method
+        selects prompts: chunks are pulled and pre-filtered until ``num_prompts`` are kept."""
+        if not self.dataflex.selects_prompts:
+            return super()._next_train_batch(num_prompts)
+        train_batch_size = self.config.data.train_batch_size
+        target = num_prompts if num_prompts is not None else train_batch_size
+        gen = self.config.data.get("gen_batch_size", None) or train_batch_size
+        if target <= 0 or target % gen != 0:
+            raise ValueError(f"num_prompts ({target}) must be a positive multiple of gen_batch_size ({gen}); it is "
+                             "submitted in whole gen_batch_size dataloader fetches.")
+        table = self.dataflex.prompt_table
+        assert table is not None
+        fill = PromptFill(target, max_oversample=self.dataflex.max_oversample, chunk=gen,
+                          on_empty=self.dataflex.prompt_policy, who="dataflex prompt selection")
+        chunks: list[TensorDict] = []
+        step = self._step_index()
+        while (n := fill.request()) > 0:
+            drawn = [self._fetch_one_gen_batch() for _ in range(n // gen)]
+            candidates = drawn[0] if len(drawn) == 1 else tu.concat_tensordict(drawn)
+            domain_ids, rows = self._candidate_ids(candidates)
+            batch = self.dataflex.prompt_candidates(domain_ids, rows, table.domains)
+            decision = self.dataflex.emit("on_prompts", batch, step)
+            self._event_metrics.update(decision.metrics)
+            fill.add(carry_out_prompts(batch, decision), batch)
+            chunks.append(candidates)
+        chosen = fill.chosen()
+        self._prompt_counts += fill.counts
+        everything = chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks)
+        out = tu.index_select_tensor_dict(everything, chosen)
+        tu.assign_non_tensor_data(out, "global_steps", self.global_steps)
+        return out
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
@@ -247,7 +472,15 @@ class DataflexSyncTrainer(PPOTrainerSync):
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         """verl's step, then on_step_end (before fit() checkpoints, so the state includes this step)."""
         self._drawn = {}
+        self._prompt_counts = PromptCounts()
+        self._refill_dispatched = 0
         batch = super().step(metrics, timing_raw)
+        metrics.update(self._event_metrics)
+        self._event_metrics = {}
+        if self.dataflex.selects_prompts:
+            metrics.update(self._prompt_counts.metrics())
+        if self.dataflex.refill is not None:
+            metrics["dataflex/refill/dispatched_prompts"] = float(self._refill_dispatched)
         decision, _, _ = self._emit("on_step_end", batch)
         metrics.update(decision.metrics)
         for name, count in self._drawn.items():
@@ -256,7 +489,14 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:
+        if self.dataflex.refill is not None:
+            # Exact refills need single-prompt fetches, as verl sets for its own algorithm.filter_groups.
+            with open_dict(self.config):
+                self.config.data.gen_batch_size = 1
         super()._init_dataloader()
+        if self.dataflex.needs_prompt_ids:
+            self.dataflex.set_prompts(dataset_prompt_table(self.train_dataset.dataframe, self.domain_key,
+                                                           self.config.data.get("prompt_key", "prompt")))
         if not self.dataflex.mixes:
             return
         frame = self.train_dataset.dataframe
