@@ -172,5 +172,5 @@ def test_rows_without_an_index_are_refused_naming_the_column():
         dataset_prompt_table(Frame([row("a", 0), row("a", None), row("a", None)]), "data_source")
     with pytest.raises(ConfigError, match=r"extra_info\.index=1 hold different prompts"):
         dataset_prompt_table(Frame([row("a", 1, "x"), row("a", 1, "y")]), "data_source")
-    with pytest.raises(ConfigError, match="dataflex.domain_key"):
+    with pytest.raises(ConfigError, match=r"dataflex\.domain_key"):
         dataset_prompt_table(Frame([row("a", 0)]), "topic")
