@@ -44,7 +44,8 @@ DAPO = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuato
 def timeit_pair(ours: Callable[[], object], ref: Callable[[], object], repeats: int) -> tuple[float, float]:
     """Medians of ``ours`` and ``ref`` timed alternately, so drifting machine load hits both alike."""
     ours(), ref()
-    a, b = [], []
+    a: list[float] = []
+    b: list[float] = []
     for _ in range(repeats):
         for fn, out in ((ours, a), (ref, b)):
             start = time.perf_counter()

@@ -300,6 +300,8 @@ def _events(kind: str, cls: Any) -> dict[str, str]:
     from .hookspecs import EVENTS
 
     if kind == "scorer":
+        if cls.timing == "pre_rollout":
+            return {"on_prompts": "with a selector, before generation"}
         first = EVENTS.index(TIMINGS[cls.timing])
         out = {e: "" for e in EVENTS[first:]}
         if "on_rollout" in out:
@@ -311,12 +313,20 @@ def _events(kind: str, cls: Any) -> dict[str, str]:
         return {"on_advantage": ""}
     if kind == "mixer":
         return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
+    from .validation import EVENT_FIELDS
+
+    def readable(event: str) -> bool:
+        return set(cls.requires) <= EVENT_FIELDS[event]
+
     out = {}
-    if cls.min_timing == "post_reward":
+    if cls.min_timing == "pre_rollout" and readable("on_prompts"):
+        out["on_prompts"] = "fed a pre_rollout score (before generation)"
+    if cls.min_timing in ("pre_rollout", "post_reward") and readable("on_rollout"):
         whole = [g for g in cls.accepts if cls.keeps_whole_groups(g)]
         if whole:
             out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
-    out["on_advantage"] = ""
+    if readable("on_advantage"):
+        out["on_advantage"] = ""
     return out
 
 

@@ -102,6 +102,16 @@ class Greso(Selector):
         "adapt_from_epoch": Param(int, 1, low=0, doc="adapt once this many passes over the prompts are done"),
         "seed": Param(int, 0, low=0, doc="seed of the skip draws"),
     }
+    # The parameters, set as attributes by Component.__init__.
+    p_easy_init: float
+    p_hard_init: float
+    target_zero_variance: float
+    step: float
+    p_min: float
+    p_max: float
+    explore_floor: float
+    adapt_from_epoch: int
+    seed: int
 
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
