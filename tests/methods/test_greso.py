@@ -124,3 +124,15 @@ def test_parameter_rules():
         Greso(p_min=0.6, p_max=0.5)
     with pytest.raises(ConfigError, match="p_easy_init"):
         Greso(p_easy_init=0.01)
+
+
+def test_streak_scorer_meets_the_scorer_contract_on_a_prompt_batch():
+    from dataflex_bus.testing import check_scorer, make_prompt_batch
+
+    batch = make_prompt_batch(prompts=20, seed=3)
+    assert {"prompt_index", "history_streak", "history_epoch"} <= set(batch.fields)
+    assert bool((batch["history_visits"] == 0).any()) and bool((batch["history_visits"] > 0).any())
+    score = check_scorer(ZeroVarianceStreak(), batch)
+    assert score.values.abs().sum() > 0  # some candidates have a streak
+    check_scorer(ZeroVarianceStreak)  # the default batch of a pre_rollout scorer is a prompt batch
+
