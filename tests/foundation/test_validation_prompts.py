@@ -140,3 +140,26 @@ def test_block_keys_round_trip_through_to_dict():
     assert again.refill == cfg.refill and again.max_oversample == 20.0
     plain = validate({"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}})
     assert "refill" not in plain.to_dict() and "max_oversample" not in plain.to_dict()
+
+
+def test_runtime_keeps_the_history_in_its_state_and_refuses_another_dataset():
+    from dataflex_bus.history import PromptTable
+
+    runtime = Runtime({"methods": [GRESO, DAPO]})
+    runtime.set_prompts(PromptTable.full(["a", "b"], [5, 5], column="extra_info.index"))
+    state = runtime.state_dict()
+    assert set(state) == {"pipeline", "history"} and state["history"]["table"]["prompts"] == 10
+    same = Runtime({"methods": [GRESO, DAPO]})
+    same.set_prompts(PromptTable.full(["a", "b"], [5, 5], column="extra_info.index"))
+    same.load_state_dict(state)
+    bigger = Runtime({"methods": [GRESO, DAPO]})
+    bigger.set_prompts(PromptTable.full(["a", "b"], [5, 6], column="extra_info.index"))
+    with pytest.raises(ConfigError, match=r"extra_info\.index: the per-prompt history in the checkpoint was "
+                                          r"written for another dataset"):
+        bigger.load_state_dict(state)
+    early = Runtime({"methods": [GRESO, DAPO]})
+    with pytest.raises(ConfigError, match="before giving the runtime its prompt table"):
+        early.load_state_dict(state)
+    plain = Runtime({"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}})
+    with pytest.raises(ConfigError, match="disagree on whether a per-prompt history is kept"):
+        plain.load_state_dict({"pipeline": plain.state_dict()["pipeline"], "history": state["history"]})
