@@ -51,10 +51,10 @@ def reach(points: list[tuple[float, float]], target: float) -> float | None:
     return None
 
 
-def summary(values: list[float]) -> str:
+def summary(values: list[float], digits: int = 1) -> str:
     if len(values) == 1:
-        return f"{values[0]:,.1f}"
-    return f"{statistics.mean(values):,.1f} ± {statistics.stdev(values):,.1f}"
+        return f"{values[0]:,.{digits}f}"
+    return f"{statistics.mean(values):,.{digits}f} ± {statistics.stdev(values):,.{digits}f}"
 
 
 def main() -> int:
@@ -81,8 +81,8 @@ def main() -> int:
     if args.baseline:
         base = runs[args.baseline]
         print(f"\nrollouts to reach {args.baseline}'s final {metric} (same seed)")
-        print(f"  {args.baseline:24s} final {summary([r['final'] for r in base])} at "
-              f"{summary([r['rollouts'] for r in base])} rollouts")
+        print(f"  {args.baseline:24s} final {summary([r['final'] for r in base], 3)} at "
+              f"{summary([r['rollouts'] for r in base], 0)} rollouts")
         for label, rs in runs.items():
             if label == args.baseline:
                 continue

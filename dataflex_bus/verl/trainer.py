@@ -162,12 +162,12 @@ def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt"
     n = len(frame)
     infos = frame["extra_info"] if "extra_info" in columns else [None] * n
     missing = [i for i, info in enumerate(infos) if not isinstance(info, Mapping) or info.get("index") is None]
-    indices = [info["index"] for info in infos if isinstance(info, Mapping)]
     if missing:
         raise ConfigError(ConfigIssue(
             "extra_info.index", f"{len(missing)} of {n} training rows (the first: row {missing[0]}) have no "
             "extra_info.index; verl gives them all index 0, so their per-prompt histories would merge. Set a "
             "unique extra_info.index per prompt of a data source"))
+    indices = [info["index"] for info in infos if isinstance(info, Mapping)]
     try:
         rows = torch.tensor([int(i) for i in indices], dtype=torch.long)
     except (TypeError, ValueError) as exc:
