@@ -82,6 +82,11 @@ class Runtime:
             return []
         return [f"{m.name}: {m.scorer.name}+{m.actuator.name} @ {m.event}" for m in self.pipeline.methods]
 
+    def drops_rows_at(self, event: str) -> bool:
+        """True when a method acting at ``event`` may drop rows: a selection, or ``on_nonfinite=drop``."""
+        return self.pipeline is not None and any(
+            m.config.mechanism == "select" or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
+
     def filters_zero_variance(self) -> bool:
         """True when a selector drops zero-variance groups (what verl's ``algorithm.filter_groups`` does)."""
         return self.pipeline is not None and any(

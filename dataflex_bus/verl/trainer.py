@@ -1,7 +1,10 @@
-"""The ``dataflex_sync`` trainer mode for verl 0.9.1 (``trainer.v1.trainer_mode=dataflex_sync``).
+"""The dataflex trainer modes for verl 0.9.1 (``trainer.v1.trainer_mode=dataflex_sync``, and
+``dataflex_colocate_async`` / ``dataflex_separate_async`` for verl's asynchronous trainers).
 
-A subclass of verl's ``PPOTrainerSync`` that runs the configured dataflex method inside the real step,
-at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_base.py``):
+:class:`DataflexTrainer` runs the configured dataflex method inside verl's real step, at four
+single-method hook points that all of verl's v1 trainers share (verl 0.9.1,
+``verl/trainer/ppo/v1/trainer_base.py``: ``PPOTrainer._step_once`` is the one step skeleton, and neither
+async trainer overrides these hooks); each mode is that class on top of verl's own trainer:
 
 * ``_balance_batch`` -> **on_rollout**: rewards are in TransferQueue, nothing else is computed yet.
   Dropped groups are removed from the batch (``KVBatchMeta.select_keys``) and from TQ (``kv_clear``)
@@ -10,19 +13,21 @@ at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_bas
 * ``_compute_advantage`` -> **on_advantage**: weights are multiplied into any ``rollout_is_weights``
   verl wrote, sample-level drops zero ``response_mask``, ``loss_mask`` and ``advantages``, subset
   selectors rewrite ``advantages``; written for every key, padding included, and the meta returned by
-  *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields.
+  *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields. A mini-batch
+  whose every row was dropped is handled by ``on_empty`` (see :func:`minibatch_blocks`).
 * ``step`` -> **on_step_end**: before ``fit`` saves the step's checkpoint, so mixer/bandit updates are
   in it.
 * ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn
   by the pipeline's domain probabilities (:class:`~dataflex_bus.verl.sampler.DomainSampler`).
 
 Plugin state is saved as ``global_step_N/dataflex_state.pt`` before verl's checkpoint (whose tracker
-file is written last) and restored after verl's ``_load_checkpoint``. The trainer forces
-``self.trainer_mode = "sync"`` so verl keeps every sync code path (sync ReplayBuffer, no forced
-``gen_batch_size=1``, no TQ snapshot in checkpoints).
+file is written last) and restored after verl's ``_load_checkpoint``. Each mode sets
+``self.trainer_mode`` to the verl mode it runs (``sync``, ``colocate_async``, ``separate_async``), because
+verl branches on those literal strings (replay buffer type, forced ``gen_batch_size=1``, TQ snapshots in
+checkpoints, the ``trainer.v1.<mode>`` section); any other string silently selects the async paths.
 
-The class registers itself under ``dataflex_sync`` as the last statement of this module, so a failing
-import never leaves a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
+The modes register themselves as the last statements of this module, so a failing import never leaves
+a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
 """
 
 from __future__ import annotations
@@ -39,8 +44,11 @@ import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
+from torch import Tensor
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
@@ -51,7 +59,7 @@ from ..batch import Batch
 from ..decision import Decision, carry_out_advantage, carry_out_rollout, sampling_probabilities
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..runtime import Runtime
-from . import TRAINER_MODE
+from . import TRAINER_MODES
 from .sampler import DomainSampler
 from .tqbatch import fetch, put, to_batch, to_nested
 
@@ -104,6 +112,15 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
         log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
                     "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
     agg = str(actor.get("loss_agg_mode", "token-mean"))
+    if (agg == "seq-mean-token-sum-norm" and actor.get("loss_scale_factor", None) is None
+            and runtime.drops_rows_at("on_advantage")):
+        raise ConfigError(ConfigIssue(
+            "actor_rollout_ref.actor.loss_scale_factor",
+            "is null, so loss_agg_mode=seq-mean-token-sum-norm divides by the padded response width of each "
+            "micro-batch, which still counts the rows a dataflex method masks at on_advantage: such a drop "
+            "would not equal removing the row",
+            hint="set it to a constant, e.g. actor_rollout_ref.actor.loss_scale_factor="
+                 f"{int(config.data.get('max_response_length', 0) or 0) or '<max_response_length>'}"))
     if "select" in mechanisms and agg.startswith("seq-mean"):
         log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
                     "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
@@ -114,22 +131,40 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
 
 
 # ---------------------------------------------------------------------------- batch statistics
-def rollout_metrics(batch: Batch) -> dict[str, float]:
-    """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
-    valid = batch.valid_rows
-    n = int(valid.sum())
-    out: dict[str, float] = {"dataflex/rollout/rows": float(n), "dataflex/rollout/groups": float(batch.num_groups)}
+def row_metrics(batch: Batch, rows: Tensor, prefix: str) -> dict[str, float]:
+    """Rows, groups, reward and response-length statistics over ``rows`` (bool ``[B]``)."""
+    n = int(rows.sum())
+    groups = int(torch.unique(batch.group_index[rows]).numel()) if n else 0
+    out: dict[str, float] = {f"{prefix}rows": float(n), f"{prefix}groups": float(groups)}
     if n == 0:
         return out
-    rewards = batch.rewards[valid].double()
-    lengths = batch.lengths[valid].double()
+    rewards = batch.rewards[rows].double()
+    lengths = batch.lengths[rows].double()
     out.update({
-        "dataflex/rollout/reward_mean": float(rewards.mean()),
-        "dataflex/rollout/reward_std": float(rewards.std()) if n > 1 else 0.0,
-        "dataflex/rollout/reward_min": float(rewards.min()),
-        "dataflex/rollout/reward_max": float(rewards.max()),
-        "dataflex/rollout/response_length_mean": float(lengths.mean()),
+        f"{prefix}reward_mean": float(rewards.mean()),
+        f"{prefix}reward_std": float(rewards.std()) if n > 1 else 0.0,
+        f"{prefix}reward_min": float(rewards.min()),
+        f"{prefix}reward_max": float(rewards.max()),
+        f"{prefix}response_length_mean": float(lengths.mean()),
     })
+    return out
+
+
+def trained_metrics(batch: Batch, trained: Tensor, loss_mask: Tensor) -> dict[str, float]:
+    """``dataflex/trained/*``: the rows and tokens the actor update really trains on (``trained``: bool
+    ``[B]``; ``loss_mask``: the ``[B, T]`` mask the actor receives). verl's ``critic/score/*`` and
+    ``response_length/*`` still count the rows a method masked."""
+    out = row_metrics(batch, trained, "dataflex/trained/")
+    out["dataflex/trained/tokens"] = float(loss_mask[trained].ne(0).sum())
+    return out
+
+
+def rollout_metrics(batch: Batch) -> dict[str, float]:
+    """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
+    out = row_metrics(batch, batch.valid_rows, "dataflex/rollout/")
+    out["dataflex/rollout/groups"] = float(batch.num_groups)
+    if not out["dataflex/rollout/rows"]:
+        return out
     if batch.domain_ids is not None and batch.domain_names:
         rows, means = batch.per_domain(batch.rewards)
         for name, count, mean in zip(batch.domain_names, rows.tolist(), means.tolist()):
@@ -139,9 +174,37 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     return out
 
 
+# ---------------------------------------------------------------------------- mini-batches
+def minibatch_blocks(rows: int, mini_batch_size: int, dp_size: int, *, epochs: int = 1, shuffle: bool = False,
+                     seed: int = 42) -> Tensor:
+    """Long ``[K, mini_batch_size]``: the rows of each mini-batch verl's actor update steps on, in the
+    order of the batch it receives (``K`` = ``epochs * rows / mini_batch_size``).
+
+    verl hands DP rank ``r`` the ``r``-th contiguous chunk of the batch, and each rank walks its chunk
+    with ``tensordict_utils.make_iterator`` (seed ``seed + r``); mini-batch ``j`` is the ``j``-th
+    local batch of every rank together, and its token-mean divides by its loss-mask sum over all ranks.
+    The same iterator runs here on row numbers, so shuffled orders come out exactly as verl draws them.
+    """
+    local, per_rank = rows // dp_size, mini_batch_size // dp_size
+    index = TensorDict({"row": torch.arange(local)}, batch_size=local)
+    ranks = []
+    for rank in range(dp_size):  # one iterator per rank, one entry per mini-batch: never per row
+        batches = tu.make_iterator(index, mini_batch_size=per_rank, epochs=epochs, seed=seed + rank,
+                                   dataloader_kwargs={"shuffle": shuffle})
+        ranks.append(torch.stack([b["row"] for b in batches]) + rank * local)
+    return torch.cat(ranks, dim=1)
+
+
 # ---------------------------------------------------------------------------- the trainer
-class DataflexSyncTrainer(PPOTrainerSync):
-    """verl's synchronous PPO trainer with the dataflex event bus wired into its step."""
+class DataflexTrainer(PPOTrainer):
+    """verl's v1 PPO trainer with the dataflex event bus wired into its step. Not registered itself:
+    each mode combines it with one of verl's trainers (``DataflexSyncTrainer(DataflexTrainer,
+    PPOTrainerSync)``, ...) and names that trainer's mode in :attr:`verl_mode`."""
+
+    #: The verl trainer mode whose code paths this trainer runs.
+    verl_mode = "sync"
+    #: Tells :mod:`dataflex_bus.verl.guard` that this trainer reads the ``dataflex`` block.
+    dataflex_host = True
 
     def __init__(self, config: DictConfig) -> None:
         # Build (and strictly validate) the method first: errors reach the driver before any worker starts.
@@ -151,14 +214,16 @@ class DataflexSyncTrainer(PPOTrainerSync):
         self.domain_sampler: DomainSampler | None = None
         self._skip_update = False
         self._drawn: dict[str, int] = {}
+        self._empty_blocks_seen = 0
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl mode
     def _build_replay_buffer(self):
-        # verl branches on the literal "sync" (replay buffer type, forced gen_batch_size=1, TQ snapshots
-        # in checkpoints, TQ restore on resume); any other mode string silently selects the async paths.
-        self.trainer_mode = "sync"
-        self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+        # verl branches on the literal mode strings (replay buffer type, forced gen_batch_size=1, TQ
+        # snapshots in checkpoints, TQ restore on resume, the trainer.v1.<mode> section): run as the verl
+        # mode this trainer extends, never as "dataflex_...", which would select the async paths.
+        self.trainer_mode = self.verl_mode
+        self.parameter_sync_step = self.config.trainer.v1.get(self.verl_mode, {}).get("parameter_sync_step", 1)
         return super()._build_replay_buffer()
 
     # ------------------------------------------------------------------ events
@@ -195,7 +260,14 @@ class DataflexSyncTrainer(PPOTrainerSync):
         """on_rollout, then verl's padding and sequence balancing on what is left."""
         self._skip_update = False
         batch = self._on_rollout(batch, metrics)
-        return super()._balance_batch(batch, metrics, *args, **kwargs)
+        batch = super()._balance_batch(batch, metrics, *args, **kwargs)
+        # What old-log-prob, reference, critic and actor compute will run on: verl pads the kept rows
+        # back to a multiple of lcm(dp, ppo_mini_batch_size * n) with synthetic 128-token rows.
+        padding = sum(bool(tag.get("is_padding", False)) for tag in batch.tags)
+        metrics["dataflex/compute/rows_after_padding"] = float(len(batch))
+        metrics["dataflex/compute/padding_rows"] = float(padding)
+        metrics["dataflex/compute/tokens_after_padding"] = float(sum(int(tag.get("seq_len", 0)) for tag in batch.tags))
+        return batch
 
     def _on_rollout(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         decision, batch, _ = self._emit("on_rollout", meta)
@@ -218,10 +290,20 @@ class DataflexSyncTrainer(PPOTrainerSync):
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
         decision, view, data = self._emit("on_advantage", meta, extra)
         metrics.update(decision.metrics)
-        action = carry_out_advantage(view, decision)
-        if action.skip_update:
+        blocks, multiple = self._actor_blocks(len(meta))
+        action = carry_out_advantage(view, decision, blocks=blocks, block_multiple=multiple)
+        self._empty_block_metrics(action.empty_blocks, action.restored_rows, action.remove, action.skip_update,
+                                  metrics)
+        if action.skip_update or self._skip_update:
             self._skip_update = True
+            metrics.update(trained_metrics(view, torch.zeros(len(view), dtype=torch.bool), view["response_mask"]))
             return meta
+        loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
+        loss_mask = view["response_mask"] if loss_mask is None else loss_mask
+        trained = view.valid_rows & loss_mask.ne(0).any(dim=1)
+        if action.remove is not None:
+            trained &= ~action.remove
+        metrics.update(trained_metrics(view, trained, loss_mask))
         if not action.fields:
             return meta
         # Nested like the response mask TransferQueue holds, for every key (padding rows included).
@@ -229,10 +311,51 @@ class DataflexSyncTrainer(PPOTrainerSync):
         new_meta = put(meta, {name: to_nested(value, like) for name, value in action.fields.items()})
         # TQ's meta carries the stored fields; keep the batch-level info verl attached to the old one.
         new_meta.extra_info = {**(meta.extra_info or {}), **(new_meta.extra_info or {})}
+        if action.remove is not None:
+            # The emptied mini-batches leave the update (and TransferQueue, which fit() would no longer
+            # clear for them); the rest keep verl's order, so every other mini-batch is unchanged.
+            flags = action.remove.tolist()
+            tq.kv_clear(keys=list(itertools.compress(meta.keys, flags)), partition_id=meta.partition_id)
+            new_meta = new_meta.select_keys([k for k, f in zip(meta.keys, flags) if not f])
         return new_meta
+
+    def _actor_blocks(self, rows: int) -> tuple[Tensor | None, int | None]:
+        """The actor's mini-batches for a batch of ``rows`` rows (``None`` when the actor does not update
+        this step), and the row multiple the batch must keep if whole mini-batches are taken out
+        (``None`` when they cannot be: a shuffled order differs in every epoch)."""
+        actor = self.config.actor_rollout_ref.actor
+        mini = int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        if self.config.trainer.critic_warmup > self.global_steps or rows == 0 or rows % mini:
+            return None, None
+        dispatch = self.actor_rollout_wg._dispatch_info.get("actor") or [0]
+        dp = max(dispatch) + 1
+        if mini % dp:
+            return None, None
+        shuffle = bool(actor.get("shuffle", False))
+        blocks = minibatch_blocks(rows, mini, dp, epochs=int(actor.get("ppo_epochs", 1)), shuffle=shuffle,
+                                  seed=int(actor.get("data_loader_seed", 42)))
+        return blocks, None if shuffle else self._get_required_batch_multiple(dp)
+
+    def _empty_block_metrics(self, empty: int, restored: int, remove: Tensor | None, skipped: bool,
+                             metrics: dict) -> None:
+        metrics["dataflex/empty_minibatches"] = float(empty)
+        if not empty:
+            return
+        metrics["dataflex/restored_rows"] = float(restored)
+        removed = 0 if remove is None else int(remove.sum())
+        metrics["dataflex/removed_minibatch_rows"] = float(removed)
+        self._empty_blocks_seen += 1
+        n = self._empty_blocks_seen
+        if n & (n - 1) == 0:  # 1st, 2nd, 4th, ... step: visible without flooding the log
+            action = ("skipping this step's actor update" if skipped else
+                      f"taking {removed} rows out of the update" if removed else
+                      f"training {restored} dropped rows again (on_empty=keep_all)")
+            log.warning("dataflex: step %d: every row of %d mini-batch(es) was dropped; %s (%d such step(s) so "
+                        "far, counted in dataflex/empty_minibatches)", self.global_steps, empty, action, n)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         metrics["dataflex/skipped_update"] = float(self._skip_update)
+        metrics["dataflex/compute/actor_rows"] = 0.0 if self._skip_update else float(len(batch))
         if self._skip_update:
             log.warning("dataflex: step %d kept no sample; skipping the actor update (dataflex.on_empty=skip)",
                         self.global_steps)
@@ -338,4 +461,27 @@ class DataflexSyncTrainer(PPOTrainerSync):
         log.info("dataflex: restored method state from %s", path)
 
 
-register_trainer(TRAINER_MODE)(DataflexSyncTrainer)
+class DataflexSyncTrainer(DataflexTrainer, PPOTrainerSync):
+    """``dataflex_sync``: verl's synchronous trainer (``sync``) with the dataflex events."""
+
+    verl_mode = "sync"
+
+
+class DataflexColocateAsyncTrainer(DataflexTrainer, PPOTrainerColocateAsync):
+    """``dataflex_colocate_async``: verl's ``colocate_async`` trainer (partial rollout, replicas
+    colocated with training) with the dataflex events."""
+
+    verl_mode = "colocate_async"
+
+
+class DataflexSeparateAsyncTrainer(DataflexTrainer, PPOTrainerSeparateAsync):
+    """``dataflex_separate_async``: verl's ``separate_async`` trainer (standalone rollout replicas)
+    with the dataflex events."""
+
+    verl_mode = "separate_async"
+
+
+_BY_VERL_MODE = {cls.verl_mode: cls for cls in (DataflexSyncTrainer, DataflexColocateAsyncTrainer,
+                                                 DataflexSeparateAsyncTrainer)}
+for _name, _verl_mode in TRAINER_MODES.items():
+    register_trainer(_name)(_BY_VERL_MODE[_verl_mode])
