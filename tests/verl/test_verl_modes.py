@@ -169,3 +169,40 @@ def test_sum_norm_without_a_constant_scale_is_refused_for_masked_drops(data, tmp
     assert trainer.dataflex.mechanisms == {"select"}
     # removal at on_rollout never leaves a masked row in a micro-batch: nothing to refuse
     assert get_trainer_cls("dataflex_sync")(compose(data, tmp_path, [*SEED, *norm])).dataflex.mechanisms == {"select"}
+
+
+# ---------------------------------------------------------------------------- dataflex doctor OVERRIDES
+def _block_check(overrides):
+    from dataflex_bus.verl.doctor import run_checks
+
+    checks = {c["check"]: c for c in run_checks(overrides)}
+    assert checks["config"]["status"] == "ok", checks["config"]
+    return checks["dataflex block"]
+
+
+def test_doctor_fails_a_block_the_configured_trainer_would_ignore():
+    check = _block_check(["trainer.v1.trainer_mode=colocate_async", *IGNORED])
+    assert check["status"] == "FAIL" and "use trainer.v1.trainer_mode=dataflex_colocate_async" in check["detail"]
+    check = _block_check(["trainer.use_v1=False", *SEED])
+    assert check["status"] == "FAIL" and "trainer.use_v1" in check["detail"]
+
+
+def test_doctor_validates_the_block_of_a_dataflex_mode():
+    grpo = ["trainer.v1.trainer_mode=dataflex_sync", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"]
+    check = _block_check([*grpo, *SEED])
+    assert check["status"] == "ok" and "group_solve_rate+threshold_band @ on_rollout" in check["detail"]
+    check = _block_check([*grpo, *IGNORED])
+    assert check["status"] == "FAIL" and "dataflex.no_such_key" in check["detail"]
+    # verl's defaults (gae, n=1) cannot run a group method: said before any worker starts
+    check = _block_check(["trainer.v1.trainer_mode=dataflex_sync", *SEED])
+    assert check["status"] == "FAIL" and "not group-based" in check["detail"]
+    check = _block_check(["trainer.v1.trainer_mode=dataflex_sync"])
+    assert check["status"] == "warn" and "plain GRPO" in check["detail"]
+    assert _block_check(["trainer.v1.trainer_mode=sync"])["status"] == "ok"
+
+
+def test_doctor_reports_overrides_verl_cannot_compose():
+    from dataflex_bus.verl.doctor import run_checks
+
+    checks = {c["check"]: c for c in run_checks(["dataflex.mechanism=select"])}  # no leading +
+    assert checks["config"]["status"] == "FAIL" and "dataflex" in checks["config"]["detail"]
