@@ -146,7 +146,8 @@ def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
         add("trainer mode", FAIL, f"`import verl` did not register {missing} ({why}): main_ppo would fail "
             f"with \"Unknown trainer\" (available: {sorted(TRAINER_REGISTRY)})")
     else:
-        add("trainer mode", OK, ", ".join(f"{mode!r} -> {cls.__qualname__}" for mode, cls in registered.items()))
+        add("trainer mode", OK, ", ".join(f"{mode!r} -> {getattr(cls, '__qualname__', cls)}"
+                                          for mode, cls in registered.items()))
 
     from ..discovery import discover
 

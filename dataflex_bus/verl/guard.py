@@ -120,7 +120,7 @@ def _judge_legacy(trainer: Any, config: Any) -> ConfigIssue | None:
     return _experimental_issue(type(trainer))
 
 
-def _guard_tree(base: type, judge: Callable[[Any, Any], ConfigIssue | None]) -> None:
+def _guard_tree(base: type[Any], judge: Callable[[Any, Any], ConfigIssue | None]) -> None:
     """Wrap ``base.__init__`` and that of every subclass defining one, now and later."""
     stack = [base]
     while stack:
@@ -131,13 +131,13 @@ def _guard_tree(base: type, judge: Callable[[Any, Any], ConfigIssue | None]) -> 
     if getattr(base.__dict__.get("__init_subclass__"), _MARK, False):
         return
 
-    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+    def guard_subclass(cls: type[Any], **kwargs: Any) -> None:
         super(base, cls).__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
             cls.__init__ = _guard(cls.__dict__["__init__"], judge)  # type: ignore[misc]
 
-    setattr(__init_subclass__, _MARK, True)
-    base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    setattr(guard_subclass, _MARK, True)
+    base.__init_subclass__ = classmethod(guard_subclass)  # type: ignore[assignment]
 
 
 def install() -> None:

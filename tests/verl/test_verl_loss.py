@@ -230,3 +230,22 @@ def test_dynamic_batch_size_turns_an_on_rollout_drop_into_fewer_micro_batches():
     assert micro_batches(full, dynamic=False) == micro_batches(dropped, dynamic=False) == 8
     # a token budget of 4,096 per micro-batch: the dropped group's tokens free a micro-batch
     assert micro_batches(full, dynamic=True) == 8 and micro_batches(dropped, dynamic=True) == 7
+
+
+def test_minibatch_blocks_follow_verls_dispatch_and_iterator():
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    from dataflex_bus.verl.trainer import minibatch_blocks
+
+    # 2 DP ranks: rank r trains the r-th contiguous half, 2 rows of it per mini-batch
+    assert minibatch_blocks(8, 4, 2).tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    # shuffled, 2 epochs: every epoch's blocks partition the rows, in the order verl's iterator draws them
+    blocks = minibatch_blocks(16, 4, 1, epochs=2, shuffle=True, seed=3)
+    assert blocks.shape == (8, 4)
+    assert all(sorted(blocks[e * 4:(e + 1) * 4].flatten().tolist()) == list(range(16)) for e in (0, 1))
+    assert not torch.equal(blocks[:4], blocks[4:]) and not torch.equal(blocks[:4].flatten(), torch.arange(16))
+    data = TensorDict({"x": torch.arange(16) * 10}, batch_size=16)
+    drawn = [mb["x"] // 10 for mb in tu.make_iterator(data, mini_batch_size=4, epochs=2, seed=3,
+                                                       dataloader_kwargs={"shuffle": True})]
+    assert torch.equal(torch.stack(drawn), blocks)
