@@ -286,7 +286,9 @@ class DataflexTrainer(PPOTrainer):
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
-        meta = super()._compute_advantage(batch, metrics)
+        return self._on_advantage(super()._compute_advantage(batch, metrics), metrics)
+
+    def _on_advantage(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
         decision, view, data = self._emit("on_advantage", meta, extra)
         metrics.update(decision.metrics)
