@@ -112,6 +112,14 @@ class Runtime:
                               impl.plugin_name, event)
         return frozenset(wanted & EVENT_FIELDS[event]) - {"uid", "data_source"}
 
+    def listens(self, event: str) -> bool:
+        """True when a method acts at ``event`` or an observer implements it: a host may skip preparing a
+        batch for an event nobody hears."""
+        if self.pipeline is not None and self.pipeline.at(event):
+            return True
+        return any(impl.plugin_name.startswith("observer:")
+                   for impl in getattr(self.bus.pm.hook, event).get_hookimpls())
+
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
         """Emit one event on the bus; returns what the methods decided."""
         return self.bus.emit(event, batch, step)

@@ -61,7 +61,7 @@ from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..runtime import Runtime
 from . import TRAINER_MODES
 from .sampler import DomainSampler
-from .tqbatch import fetch, put, to_batch, to_nested
+from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
 log = logging.getLogger("dataflex_bus")
 
@@ -131,15 +131,16 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
 
 
 # ---------------------------------------------------------------------------- batch statistics
-def row_metrics(batch: Batch, rows: Tensor, prefix: str) -> dict[str, float]:
-    """Rows, groups, reward and response-length statistics over ``rows`` (bool ``[B]``)."""
+def row_metrics(prefix: str, rows: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor) -> dict[str, float]:
+    """Rows, groups, reward and response-length statistics over ``rows`` (bool ``[B]``), from per-row
+    ``rewards``, response ``lengths`` and group index ``groups``."""
     n = int(rows.sum())
-    groups = int(torch.unique(batch.group_index[rows]).numel()) if n else 0
-    out: dict[str, float] = {f"{prefix}rows": float(n), f"{prefix}groups": float(groups)}
+    count = int(torch.unique(groups[rows]).numel()) if n else 0
+    out: dict[str, float] = {f"{prefix}rows": float(n), f"{prefix}groups": float(count)}
     if n == 0:
         return out
-    rewards = batch.rewards[rows].double()
-    lengths = batch.lengths[rows].double()
+    rewards = rewards[rows].double()
+    lengths = lengths[rows].double()
     out.update({
         f"{prefix}reward_mean": float(rewards.mean()),
         f"{prefix}reward_std": float(rewards.std()) if n > 1 else 0.0,
@@ -150,18 +151,25 @@ def row_metrics(batch: Batch, rows: Tensor, prefix: str) -> dict[str, float]:
     return out
 
 
-def trained_metrics(batch: Batch, trained: Tensor, loss_mask: Tensor) -> dict[str, float]:
+def trained_metrics(trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: Tensor,
+                    groups: Tensor) -> dict[str, float]:
     """``dataflex/trained/*``: the rows and tokens the actor update really trains on (``trained``: bool
-    ``[B]``; ``loss_mask``: the ``[B, T]`` mask the actor receives). verl's ``critic/score/*`` and
-    ``response_length/*`` still count the rows a method masked."""
-    out = row_metrics(batch, trained, "dataflex/trained/")
-    out["dataflex/trained/tokens"] = float(loss_mask[trained].ne(0).sum())
+    ``[B]``; ``tokens``: each row's loss-mask tokens as the actor receives them). verl's ``critic/score/*``
+    and ``response_length/*`` still count the rows a method masked."""
+    out = row_metrics("dataflex/trained/", trained, rewards, lengths, groups)
+    out["dataflex/trained/tokens"] = float(tokens[trained].sum())
     return out
+
+
+def nested_row_counts(t: Tensor) -> Tensor:
+    """Float ``[B]``: the non-zero entries of each row of a jagged nested tensor, without padding it
+    (one segment reduction over the flat values)."""
+    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=t.offsets())
 
 
 def rollout_metrics(batch: Batch) -> dict[str, float]:
     """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
-    out = row_metrics(batch, batch.valid_rows, "dataflex/rollout/")
+    out = row_metrics("dataflex/rollout/", batch.valid_rows, batch.rewards, batch.lengths, batch.group_index)
     out["dataflex/rollout/groups"] = float(batch.num_groups)
     if not out["dataflex/rollout/rows"]:
         return out
@@ -215,6 +223,7 @@ class DataflexTrainer(PPOTrainer):
         self._skip_update = False
         self._drawn: dict[str, int] = {}
         self._empty_blocks_seen = 0
+        self._rewards: dict[str, float] = {}
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl mode
@@ -243,18 +252,21 @@ class DataflexTrainer(PPOTrainer):
               extra_fields: Iterable[str] = ()) -> tuple[Decision, Batch, TensorDict]:
         """Read the batch from TQ, emit ``event`` on the bus; returns the decision, the batch and the
         fetched TensorDict (whose nested ``response_mask`` gives the row lengths for writing back)."""
-        fields = self._event_fields(event) | set(extra_fields)
-        data = fetch(meta, fields)
-        if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
-            raise BatchFieldError("dataflex verl adapter", ",".join(sorted(fields)),
-                                  f"TransferQueue returned no rows for {len(meta.keys)} keys at {event}: a field "
-                                  "is present on only some keys")
-        batch = to_batch(data, meta.tags, domain_key=self.domain_key)
+        batch, data = self._read(event, meta, self._event_fields(event) | set(extra_fields))
         if self.dataflex.mixes and batch.domain_ids is None:
             raise BatchFieldError("dataflex mix", self.domain_key,
                                   "the trajectories in TransferQueue carry no domain label; set "
                                   "dataflex.domain_key to a dataset column")
         return self.dataflex.emit(event, batch, self._step_index()), batch, data
+
+    def _read(self, event: str, meta: KVBatchMeta, fields: set[str]) -> tuple[Batch, TensorDict]:
+        """``fields`` of every key of ``meta`` from TQ, as a batch and as fetched."""
+        data = fetch(meta, fields)
+        if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
+            raise BatchFieldError("dataflex verl adapter", ",".join(sorted(fields)),
+                                  f"TransferQueue returned no rows for {len(meta.keys)} keys at {event}: a field "
+                                  "is present on only some keys")
+        return to_batch(data, meta.tags, domain_key=self.domain_key), data
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, *args: Any, **kwargs: Any) -> KVBatchMeta:
         """on_rollout, then verl's padding and sequence balancing on what is left."""
@@ -271,6 +283,8 @@ class DataflexTrainer(PPOTrainer):
 
     def _on_rollout(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         decision, batch, _ = self._emit("on_rollout", meta)
+        # Rewards are final here; remembered by key for the trained-only metrics after the advantage.
+        self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
         metrics.update(rollout_metrics(batch))
         metrics.update(decision.metrics)
         action = carry_out_rollout(batch, decision)
@@ -289,6 +303,10 @@ class DataflexTrainer(PPOTrainer):
         return self._on_advantage(super()._compute_advantage(batch, metrics), metrics)
 
     def _on_advantage(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        rewards = torch.tensor([self._rewards.get(key, 0.0) for key in meta.keys], dtype=torch.float32)
+        if not self.dataflex.listens("on_advantage"):
+            self._trained_without_listeners(meta, rewards, metrics)
+            return meta
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
         decision, view, data = self._emit("on_advantage", meta, extra)
         metrics.update(decision.metrics)
@@ -296,16 +314,15 @@ class DataflexTrainer(PPOTrainer):
         action = carry_out_advantage(view, decision, blocks=blocks, block_multiple=multiple)
         self._empty_block_metrics(action.empty_blocks, action.restored_rows, action.remove, action.skip_update,
                                   metrics)
-        if action.skip_update or self._skip_update:
-            self._skip_update = True
-            metrics.update(trained_metrics(view, torch.zeros(len(view), dtype=torch.bool), view["response_mask"]))
-            return meta
+        self._skip_update = self._skip_update or action.skip_update
         loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
-        loss_mask = view["response_mask"] if loss_mask is None else loss_mask
-        trained = view.valid_rows & loss_mask.ne(0).any(dim=1)
+        tokens = (view["response_mask"] if loss_mask is None else loss_mask).ne(0).sum(dim=1)
+        trained = view.valid_rows & (tokens > 0) & (not self._skip_update)
         if action.remove is not None:
             trained &= ~action.remove
-        metrics.update(trained_metrics(view, trained, loss_mask))
+        metrics.update(trained_metrics(trained, tokens, rewards, view.lengths, view.group_index))
+        if self._skip_update:
+            return meta
         if not action.fields:
             return meta
         # Nested like the response mask TransferQueue holds, for every key (padding rows included).
@@ -320,6 +337,20 @@ class DataflexTrainer(PPOTrainer):
             tq.kv_clear(keys=list(itertools.compress(meta.keys, flags)), partition_id=meta.partition_id)
             new_meta = new_meta.select_keys([k for k, f in zip(meta.keys, flags) if not f])
         return new_meta
+
+    def _trained_without_listeners(self, meta: KVBatchMeta, rewards: Tensor, metrics: dict) -> None:
+        """The trained-only metrics when no method or observer acts at on_advantage: nothing is dropped
+        here, so read just the loss mask (its row lengths are the response lengths) and the groups."""
+        data = fetch(meta, {"uid", "loss_mask"})
+        loss_mask = data["loss_mask"]
+        if not loss_mask.is_nested:
+            raise BatchFieldError("dataflex verl adapter", "loss_mask", "expected a nested (jagged) tensor")
+        tokens = nested_row_counts(loss_mask)
+        _, groups = np.unique(np.asarray(labels_of(data["uid"]), dtype=object), return_inverse=True)
+        trained = ~padding_flags(meta.tags) & (tokens > 0) & (not self._skip_update)
+        metrics["dataflex/empty_minibatches"] = 0.0
+        metrics.update(trained_metrics(trained, tokens, rewards, loss_mask.offsets().diff(),
+                                       torch.from_numpy(groups.reshape(-1))))
 
     def _actor_blocks(self, rows: int) -> tuple[Tensor | None, int | None]:
         """The actor's mini-batches for a batch of ``rows`` rows (``None`` when the actor does not update
@@ -373,11 +404,15 @@ class DataflexTrainer(PPOTrainer):
         """verl's step, then on_step_end (before fit() checkpoints, so the state includes this step)."""
         self._drawn = {}
         batch = super().step(metrics, timing_raw)
-        decision, _, _ = self._emit("on_step_end", batch)
-        metrics.update(decision.metrics)
+        self._on_step_end(batch, metrics)
         for name, count in self._drawn.items():
             metrics[f"dataflex/drawn/{name}"] = float(count)
         return batch
+
+    def _on_step_end(self, batch: KVBatchMeta, metrics: dict) -> None:
+        if self.dataflex.listens("on_step_end"):  # else fetching the step's batch would serve no one
+            decision, _, _ = self._emit("on_step_end", batch)
+            metrics.update(decision.metrics)
 
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:

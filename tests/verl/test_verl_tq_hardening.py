@@ -192,11 +192,36 @@ def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partiti
 
     monkeypatch.setattr(adapter, "fetch", spy)
     train_one_step(t, meta)
-    t._emit("on_step_end", meta)
+    t._on_step_end(meta, {})
     base = {"uid", "response_mask", "rm_scores", "data_source"}
     assert t.dataflex.fields("on_rollout") == frozenset()
     assert t.dataflex.fields("on_advantage") == {"old_log_probs", "response_mask"}
-    assert fetched == [base, base | {"old_log_probs", "loss_mask", "advantages"}, base]
+    # on_rollout always (its pre-selection statistics); on_step_end not at all: nobody listens there
+    assert fetched == [base, base | {"old_log_probs", "loss_mask", "advantages"}]
+
+
+def test_an_event_nobody_listens_to_reads_only_what_the_metrics_need(H, tmp_path, clean_partition, monkeypatch):
+    import dataflex_bus.verl.trainer as adapter
+
+    run, meta = prepared(H, tmp_path, SEED)
+    t = run.trainer
+    assert not t.dataflex.listens("on_advantage") and not t.dataflex.listens("on_step_end")
+    fetched: list[set] = []
+    real_fetch = adapter.fetch
+    monkeypatch.setattr(adapter, "fetch", lambda m, f: fetched.append(set(f)) or real_fetch(m, f))
+    metrics, _ = train_one_step(t, meta)
+    t._on_step_end(meta, {})
+    assert fetched == [{"uid", "response_mask", "rm_scores", "data_source"}, {"uid", "loss_mask"}]
+    assert metrics["dataflex/trained/rows"] == metrics["dataflex/kept_rows"] > 0
+    assert [e for e in run.events if e.startswith("on_")] == ["on_rollout"]
+    # an observer that hears on_step_end gets it, with the guaranteed fields
+    from test_verl_tq import Watcher
+
+    watcher = Watcher()
+    t.dataflex.bus.add_observer(watcher, "watcher")
+    assert t.dataflex.listens("on_step_end")
+    t._on_step_end(meta, {})
+    assert watcher.seen == [("on_step_end", 0)] and fetched[-1] == {"uid", "response_mask", "rm_scores", "data_source"}
 
 
 # ---------------------------------------------------------------------------- asynchronous modes
@@ -215,12 +240,17 @@ def test_fit_async_modes_carry_the_events_and_the_removal(H, tmp_path, clean_par
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"] if separate else [])
     run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=4 if separate else 3, mini=1 if separate else 2,
                                  mode=mode) + band + extra).setup()
+    from test_verl_tq import Watcher
+
     t = run.trainer
     assert type(t.replay_buffer) is ReplayBufferAsync and t.trainer_mode == mode.removeprefix("dataflex_")
+    watcher = Watcher()  # hears every event, so the trainer emits all three
+    t.dataflex.bus.add_observer(watcher, "watcher")
     run.fit()
-    updates_per_step = 4 if separate else 1
-    assert run.events.count("on_step_end") == 2
-    assert run.events.count("on_rollout") == run.events.count("on_advantage") == 2 * updates_per_step
+    updates = 4 if separate else 1  # local updates per step
+    order = ["on_rollout", "on_advantage"] * updates + ["on_step_end"]
+    assert [event for event, _ in watcher.seen] == order * 2
+    assert [n for _, n in watcher.seen] == [0] * len(order) + [1] * len(order)
     from dataflex_bus.decision import carry_out_rollout
 
     rollouts = [(decision, batch) for event, decision, batch in run.decisions if event == "on_rollout"]
