@@ -164,7 +164,8 @@ def trained_metrics(trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: T
 def nested_row_counts(t: Tensor) -> Tensor:
     """Float ``[B]``: the non-zero entries of each row of a jagged nested tensor, without padding it
     (one segment reduction over the flat values)."""
-    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=t.offsets())
+    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
+    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=offsets)
 
 
 def rollout_metrics(batch: Batch) -> dict[str, float]:
