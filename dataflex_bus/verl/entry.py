@@ -18,7 +18,7 @@ import importlib
 import logging
 import traceback
 
-from . import TRAINER_MODE, TRAINER_MODES
+from . import TRAINER_MODES
 
 #: The exception that stopped the adapter from loading in this process (``None``: loaded fine).
 LOAD_ERROR: BaseException | None = None
@@ -48,7 +48,7 @@ def _register_stand_in(cause: BaseException) -> None:
         def __init__(self, config):
             raise RuntimeError(message) from cause
 
-    for mode in (TRAINER_MODE, *TRAINER_MODES):
+    for mode in TRAINER_MODES:
         if mode not in TRAINER_REGISTRY:
             register_trainer(mode)(DataflexSyncUnavailable)
 
@@ -73,8 +73,8 @@ except Exception as exc:
     LOAD_ERROR = exc
     LOAD_TRACEBACK = traceback.format_exc()
     logging.getLogger("dataflex_bus").error(
-        "dataflex: the verl plugin could not import %s; trainer mode %r will raise on use.\n%s",
-        _ADAPTER, TRAINER_MODE, LOAD_TRACEBACK,
+        "dataflex: the verl plugin could not import %s; trainer modes %s will raise on use.\n%s",
+        _ADAPTER, ", ".join(TRAINER_MODES), LOAD_TRACEBACK,
     )
     _register_stand_in(exc)
 
