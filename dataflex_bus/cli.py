@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("overrides", nargs="*",
+                   help="your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...): doctor "
+                        "then also checks the dataflex block against the trainer that config runs")
 
     p = sub.add_parser("new-plugin", help="create a method pack from the template")
     p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")

@@ -16,6 +16,9 @@ prompts with :func:`sampling_probabilities`, fill a step's prompts through a pre
   recomputed advantages replace the old ones on real rows, and a dropped row gets ``response_mask``,
   ``loss_mask`` and ``advantages`` zeroed (so token-mean renormalises over the kept tokens and KL/entropy
   skip the row; a weight of 0 would only dilute the loss). A host may also remove those rows physically.
+  A host that trains in fixed blocks of rows (verl's mini-batches) passes them in: a block whose every
+  row was dropped would average its loss over no token (0/0 under token-mean) while the optimizer still
+  steps, so it follows the ``on_empty`` of the methods that dropped its rows instead.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import BatchFieldError
+from .errors import BatchFieldError, DataflexError
 from .history import CLASS_NAMES
 
 if TYPE_CHECKING:
@@ -44,9 +47,12 @@ class Decision:
     selectors). ``weights``: ``[B, T]`` multiplied into ``rollout_is_weights`` (1 on tokens that do not
     count). ``domain_probs``: sampling probabilities for the next prompts (mix). ``skip_update``: an
     empty-selection policy asked to skip this step's policy update. ``metrics``: ``dataflex/...``.
+    ``on_empty``: the strictest ``on_empty`` of the methods that dropped rows (what a host does with a
+    training block all of whose rows were dropped). ``nonfinite``: bool ``[B]`` rows dropped for a
+    non-finite score (never trained, whatever ``on_empty`` says).
     """
 
-    __slots__ = ("advantages", "domain_probs", "keep", "metrics", "skip_update", "weights")
+    __slots__ = ("advantages", "domain_probs", "keep", "metrics", "nonfinite", "on_empty", "skip_update", "weights")
 
     def __init__(self) -> None:
         self.keep: Tensor | None = None
@@ -55,15 +61,28 @@ class Decision:
         self.domain_probs: dict[str, float] | None = None
         self.skip_update = False
         self.metrics: dict[str, float] = {}
+        self.on_empty: str | None = None
+        self.nonfinite: Tensor | None = None
 
-    def drop(self, rows: Tensor) -> None:
-        """Drop ``rows`` (bool ``[B]``): keep masks of several methods AND."""
+    def drop(self, rows: Tensor, *, on_empty: str | None = None, nonfinite: bool = False) -> None:
+        """Drop ``rows`` (bool ``[B]``): keep masks of several methods AND. ``on_empty``: the dropping
+        method's policy; ``nonfinite``: the rows are dropped because their score is NaN/inf."""
         keep = ~rows
         self.keep = keep if self.keep is None else self.keep & keep
+        self._note(on_empty)
+        if nonfinite:
+            self.nonfinite = rows if self.nonfinite is None else self.nonfinite | rows
 
-    def restrict(self, keep: Tensor) -> None:
-        """Keep only ``keep`` (bool ``[B]``) of what is kept so far."""
+    def restrict(self, keep: Tensor, *, on_empty: str | None = None) -> None:
+        """Keep only ``keep`` (bool ``[B]``) of what is kept so far (``on_empty``: as in :meth:`drop`)."""
         self.keep = keep if self.keep is None else self.keep & keep
+        self._note(on_empty)
+
+    def _note(self, policy: str | None) -> None:
+        # A block emptied by several methods' drops follows the strictest of their policies: none of
+        # them then trains on a row it refused, nor skips what another one asked to raise on.
+        if policy is not None and (self.on_empty is None or _STRICTNESS[policy] > _STRICTNESS[self.on_empty]):
+            self.on_empty = policy
 
     def scale(self, weights: Tensor) -> None:
         """Multiply ``[B, T]`` weights in: the weights of several methods multiply."""
@@ -74,6 +93,10 @@ class Decision:
         return (f"Decision(keep={keep}, advantages={self.advantages is not None}, "
                 f"weights={self.weights is not None}, domain_probs={self.domain_probs}, "
                 f"skip_update={self.skip_update})")
+
+
+#: ``on_empty`` policies from the most lenient to the strictest.
+_STRICTNESS = {"keep_all": 0, "skip": 1, "error": 2}
 
 
 # ---------------------------------------------------------------------------- on_rollout
@@ -121,17 +144,48 @@ def carry_out_rollout(batch: Batch, decision: Decision) -> RolloutAction:
 class AdvantageAction:
     """What a host does after ``on_advantage``: write ``fields`` (dense ``[B, T]``, every row, padding
     included), optionally remove the rows not in ``keep`` (already fully masked), skip the update when
-    ``skip_update`` (then nothing is written)."""
+    ``skip_update`` (then nothing is written).
+
+    With training blocks (see :func:`carry_out_advantage`): ``remove`` (bool ``[B]``) are the rows of
+    blocks left empty, which the host must take out of the update; ``empty_blocks`` counts the blocks
+    found empty and ``restored_rows`` the dropped rows ``on_empty=keep_all`` put back.
+    """
 
     fields: dict[str, Tensor] = field(default_factory=dict)
     keep: Tensor | None = None
     skip_update: bool = False
+    remove: Tensor | None = None
+    empty_blocks: int = 0
+    restored_rows: int = 0
 
 
-def carry_out_advantage(batch: Batch, decision: Decision) -> AdvantageAction:
+def empty_blocks(trained: Tensor, blocks: Tensor) -> Tensor:
+    """Bool ``[K]``: the blocks (long ``[K, m]``, the row indices of each) in which no row trains
+    (``trained``: bool ``[B]``)."""
+    return ~trained[blocks].any(dim=1)
+
+
+def rows_in(blocks: Tensor, which: Tensor, size: int) -> Tensor:
+    """Bool ``[size]``: the rows belonging to the blocks selected by ``which`` (bool ``[K]``)."""
+    rows = torch.zeros(size, dtype=torch.bool)
+    rows[blocks[which].flatten()] = True
+    return rows
+
+
+def carry_out_advantage(batch: Batch, decision: Decision, *, blocks: Tensor | None = None,
+                        block_multiple: int | None = None) -> AdvantageAction:
     """The fields to write after ``on_advantage``. ``batch`` must hold ``response_mask`` and, when the
     decision drops rows or replaces advantages, ``advantages`` and ``loss_mask``; its
-    ``rollout_is_weights`` (if any) are multiplied, never replaced."""
+    ``rollout_is_weights`` (if any) are multiplied, never replaced.
+
+    ``blocks`` (long ``[K, m]``): the rows the host trains together, one optimizer step each (verl's
+    mini-batches, every epoch). A block in which every row ends up dropped follows
+    ``decision.on_empty``: ``error`` raises; ``keep_all`` restores the rows it dropped (never those with a
+    non-finite score); ``skip`` (and a ``keep_all`` block with nothing to restore) takes the block out of
+    the update: its rows are returned in ``remove`` when ``block_multiple`` is given (the blocks
+    partition the rows the same way every epoch, and the batch must stay a multiple of it), otherwise
+    the whole update is skipped.
+    """
     if decision.skip_update:
         return AdvantageAction(skip_update=True)
     out: dict[str, Tensor] = {}
@@ -144,19 +198,50 @@ def carry_out_advantage(batch: Batch, decision: Decision) -> AdvantageAction:
     if decision.advantages is not None:
         current = batch["advantages"]
         advantages = torch.where(batch.valid_rows[:, None], decision.advantages.to(current.dtype), current)
-    keep = None
-    if decision.keep is not None:
-        drop = batch.valid_rows & ~decision.keep
-        if bool(drop.any()):
-            rows = drop[:, None]
-            out["response_mask"] = batch["response_mask"].masked_fill(rows, 0)
-            loss_mask = batch.get("loss_mask")
-            out["loss_mask"] = (batch["response_mask"] if loss_mask is None else loss_mask).masked_fill(rows, 0)
-            advantages = (batch["advantages"] if advantages is None else advantages).masked_fill(rows, 0)
-            keep = ~drop
-    if advantages is not None:
-        out["advantages"] = advantages
-    return AdvantageAction(out, keep)
+    drop = None if decision.keep is None else batch.valid_rows & ~decision.keep
+    if drop is None or not bool(drop.any()):
+        if advantages is not None:
+            out["advantages"] = advantages
+        return AdvantageAction(out)
+    rows = drop[:, None]
+    loss_mask = batch.get("loss_mask")
+    loss_mask = batch["response_mask"] if loss_mask is None else loss_mask
+    out["response_mask"] = batch["response_mask"].masked_fill(rows, 0)
+    out["loss_mask"] = loss_mask.masked_fill(rows, 0)
+    advantages = (batch["advantages"] if advantages is None else advantages).masked_fill(rows, 0)
+    out["advantages"] = advantages
+    if blocks is None:
+        return AdvantageAction(out, ~drop)
+
+    empty = empty_blocks(out["loss_mask"].ne(0).any(dim=1), blocks)
+    count = int(empty.sum())
+    if count == 0:
+        return AdvantageAction(out, ~drop)
+    policy = decision.on_empty or "skip"
+    if policy == "error":
+        raise DataflexError(f"dataflex: every row of {count} of {len(blocks)} training block(s) (mini-batches) was "
+                            "dropped, so their update would average over no token (dataflex.on_empty=error)")
+    restored = 0
+    if policy == "keep_all":
+        back = rows_in(blocks, empty, len(batch)) & drop
+        if decision.nonfinite is not None:
+            back &= ~decision.nonfinite
+        restored = int(back.sum())
+        if restored:
+            # The block trains as if no method had dropped these rows: verl's own masks and advantages.
+            rows = back[:, None]
+            out["response_mask"] = torch.where(rows, batch["response_mask"], out["response_mask"])
+            out["loss_mask"] = torch.where(rows, loss_mask, out["loss_mask"])
+            out["advantages"] = torch.where(rows, batch["advantages"].to(advantages.dtype), advantages)
+            drop = drop & ~back
+            empty = empty_blocks(out["loss_mask"].ne(0).any(dim=1), blocks)
+    if not bool(empty.any()):
+        return AdvantageAction(out, ~drop, empty_blocks=count, restored_rows=restored)
+    remove = rows_in(blocks, empty, len(batch))
+    left = len(batch) - int(remove.sum())
+    if block_multiple is None or left == 0 or left % block_multiple:
+        return AdvantageAction(skip_update=True, empty_blocks=count, restored_rows=restored)
+    return AdvantageAction(out, ~drop, remove=remove, empty_blocks=count, restored_rows=restored)
 
 
 # ---------------------------------------------------------------------------- mix

@@ -163,7 +163,7 @@ class Method:
             return
         if self.event == "on_rollout":
             self._check_whole_groups(view, keep)
-        decision.restrict(keep)
+        decision.restrict(keep, on_empty=self.config.on_empty)
         if sel.advantages is not None:
             view.check_finite(actuator.who, "advantages", sel.advantages)
             decision.advantages = sel.advantages
@@ -175,7 +175,7 @@ class Method:
         if bool(keep.any()) or not bool(batch.valid_rows.any()):
             metrics[f"{self.prefix}empty_selection"] = 0.0
             if dropped is not None:
-                decision.drop(dropped)
+                decision.drop(dropped, on_empty=self.config.on_empty, nonfinite=True)
             return False
         self.counters["empty_selections"] += 1
         metrics[f"{self.prefix}empty_selection"] = 1.0
@@ -193,7 +193,7 @@ class Method:
                         "counted in %sempty_selection)", who, step, action, policy, n, self.prefix)
         if keep_all:
             if dropped is not None:  # keep all rows, but never the non-finite ones
-                decision.drop(dropped)
+                decision.drop(dropped, on_empty=self.config.on_empty, nonfinite=True)
             return True
         decision.skip_update = True
         decision.restrict(torch.zeros(len(batch), dtype=torch.bool))

@@ -123,6 +123,11 @@ class Runtime:
         policies = {m.config.on_empty for m in self.pipeline.at("on_prompts")} if self.pipeline else set()
         return "error" if "error" in policies else "skip"
 
+    def drops_rows_at(self, event: str) -> bool:
+        """True when a method acting at ``event`` may drop rows: a selection, or ``on_nonfinite=drop``."""
+        return self.pipeline is not None and any(
+            m.config.mechanism == "select" or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
+
     def filters_zero_variance(self) -> bool:
         """True when a selector drops zero-variance groups (what verl's ``algorithm.filter_groups`` does)."""
         return self.pipeline is not None and any(
@@ -147,6 +152,16 @@ class Runtime:
                 log.exception("dataflex: plugin %r failed in dataflex_fields(%r); its fields are not fetched",
                               impl.plugin_name, event)
         return frozenset(wanted & EVENT_FIELDS[event]) - {"uid", "data_source"}
+
+    def listens(self, event: str) -> bool:
+        """True when a method acts at ``event`` or an observer implements it: a host may skip preparing a
+        batch for an event nobody hears."""
+        if self.pipeline is not None and self.pipeline.at(event):
+            return True
+        if event == "on_step_end" and self.history is not None:
+            return True  # the step's counts in the prompt history close there
+        return any(impl.plugin_name.startswith("observer:")
+                   for impl in getattr(self.bus.pm.hook, event).get_hookimpls())
 
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
         """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the

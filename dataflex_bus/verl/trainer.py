@@ -1,7 +1,10 @@
-"""The ``dataflex_sync`` trainer mode for verl 0.9.1 (``trainer.v1.trainer_mode=dataflex_sync``).
+"""The dataflex trainer modes for verl 0.9.1 (``trainer.v1.trainer_mode=dataflex_sync``, and
+``dataflex_colocate_async`` / ``dataflex_separate_async`` for verl's asynchronous trainers).
 
-A subclass of verl's ``PPOTrainerSync`` that runs the configured dataflex method inside the real step,
-at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_base.py``):
+:class:`DataflexTrainer` runs the configured dataflex method inside verl's real step, at four
+single-method hook points that all of verl's v1 trainers share (verl 0.9.1,
+``verl/trainer/ppo/v1/trainer_base.py``: ``PPOTrainer._step_once`` is the one step skeleton, and neither
+async trainer overrides these hooks); each mode is that class on top of verl's own trainer:
 
 * ``_balance_batch`` -> **on_rollout**: rewards are in TransferQueue, nothing else is computed yet.
   Dropped groups are removed from the batch (``KVBatchMeta.select_keys``) and from TQ (``kv_clear``)
@@ -10,7 +13,8 @@ at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_bas
 * ``_compute_advantage`` -> **on_advantage**: weights are multiplied into any ``rollout_is_weights``
   verl wrote, sample-level drops zero ``response_mask``, ``loss_mask`` and ``advantages``, subset
   selectors rewrite ``advantages``; written for every key, padding included, and the meta returned by
-  *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields.
+  *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields. A mini-batch
+  whose every row was dropped is handled by ``on_empty`` (see :func:`minibatch_blocks`).
 * ``step`` -> **on_step_end**: before ``fit`` saves the step's checkpoint, so mixer/bandit updates are
   in it.
 * ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn
@@ -26,12 +30,13 @@ at four single-method hook points (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_bas
 Prompt ids are ``(data_source, extra_info.index)`` (the ``dataflex.domain_key`` column and the index),
 checked unique over the training dataset when the dataloader is built. Plugin state (the per-prompt
 history included) is saved as ``global_step_N/dataflex_state.pt`` before verl's checkpoint (whose tracker
-file is written last) and restored after verl's ``_load_checkpoint``. The trainer forces
-``self.trainer_mode = "sync"`` so verl keeps every sync code path (sync ReplayBuffer, no forced
-``gen_batch_size=1``, no TQ snapshot in checkpoints).
+file is written last) and restored after verl's ``_load_checkpoint``. Each mode sets
+``self.trainer_mode`` to the verl mode it runs (``sync``, ``colocate_async``, ``separate_async``), because
+verl branches on those literal strings (replay buffer type, forced ``gen_batch_size=1``, TQ snapshots in
+checkpoints, the ``trainer.v1.<mode>`` section); any other string silently selects the async paths.
 
-The class registers itself under ``dataflex_sync`` as the last statement of this module, so a failing
-import never leaves a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
+The modes register themselves as the last statements of this module, so a failing import never leaves
+a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
 """
 
 from __future__ import annotations
@@ -48,9 +53,12 @@ import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tensordict import TensorDict
+from torch import Tensor
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
@@ -71,10 +79,10 @@ from ..decision import (
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..history import PromptTable
 from ..runtime import Runtime
-from . import TRAINER_MODE
+from . import TRAINER_MODES
 from .buffer import DATAFLEX_METRIC, DataflexReplayBuffer
 from .sampler import DomainSampler
-from .tqbatch import fetch, put, to_batch, to_nested
+from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
 log = logging.getLogger("dataflex_bus")
 
@@ -125,6 +133,15 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
         log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
                     "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
     agg = str(actor.get("loss_agg_mode", "token-mean"))
+    if (agg == "seq-mean-token-sum-norm" and actor.get("loss_scale_factor", None) is None
+            and runtime.drops_rows_at("on_advantage")):
+        raise ConfigError(ConfigIssue(
+            "actor_rollout_ref.actor.loss_scale_factor",
+            "is null, so loss_agg_mode=seq-mean-token-sum-norm divides by the padded response width of each "
+            "micro-batch, which still counts the rows a dataflex method masks at on_advantage: such a drop "
+            "would not equal removing the row",
+            hint="set it to a constant, e.g. actor_rollout_ref.actor.loss_scale_factor="
+                 f"{int(config.data.get('max_response_length', 0) or 0) or '<max_response_length>'}"))
     if "select" in mechanisms and agg.startswith("seq-mean"):
         log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
                     "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
@@ -196,22 +213,49 @@ def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt"
 
 
 # ---------------------------------------------------------------------------- batch statistics
-def rollout_metrics(batch: Batch) -> dict[str, float]:
-    """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
-    valid = batch.valid_rows
-    n = int(valid.sum())
-    out: dict[str, float] = {"dataflex/rollout/rows": float(n), "dataflex/rollout/groups": float(batch.num_groups)}
+def row_metrics(prefix: str, rows: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor) -> dict[str, float]:
+    """Rows, groups, reward and response-length statistics over ``rows`` (bool ``[B]``), from per-row
+    ``rewards``, response ``lengths`` and group index ``groups``."""
+    n = int(rows.sum())
+    count = int(torch.unique(groups[rows]).numel()) if n else 0
+    out: dict[str, float] = {f"{prefix}rows": float(n), f"{prefix}groups": float(count)}
     if n == 0:
         return out
-    rewards = batch.rewards[valid].double()
-    lengths = batch.lengths[valid].double()
+    rewards = rewards[rows].double()
+    lengths = lengths[rows].double()
     out.update({
-        "dataflex/rollout/reward_mean": float(rewards.mean()),
-        "dataflex/rollout/reward_std": float(rewards.std()) if n > 1 else 0.0,
-        "dataflex/rollout/reward_min": float(rewards.min()),
-        "dataflex/rollout/reward_max": float(rewards.max()),
-        "dataflex/rollout/response_length_mean": float(lengths.mean()),
+        f"{prefix}reward_mean": float(rewards.mean()),
+        f"{prefix}reward_std": float(rewards.std()) if n > 1 else 0.0,
+        f"{prefix}reward_min": float(rewards.min()),
+        f"{prefix}reward_max": float(rewards.max()),
+        f"{prefix}response_length_mean": float(lengths.mean()),
     })
+    return out
+
+
+def trained_metrics(trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: Tensor,
+                    groups: Tensor) -> dict[str, float]:
+    """``dataflex/trained/*``: the rows and tokens the actor update really trains on (``trained``: bool
+    ``[B]``; ``tokens``: each row's loss-mask tokens as the actor receives them). verl's ``critic/score/*``
+    and ``response_length/*`` still count the rows a method masked."""
+    out = row_metrics("dataflex/trained/", trained, rewards, lengths, groups)
+    out["dataflex/trained/tokens"] = float(tokens[trained].sum())
+    return out
+
+
+def nested_row_counts(t: Tensor) -> Tensor:
+    """Float ``[B]``: the non-zero entries of each row of a jagged nested tensor, without padding it
+    (one segment reduction over the flat values)."""
+    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
+    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=offsets)
+
+
+def rollout_metrics(batch: Batch) -> dict[str, float]:
+    """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
+    out = row_metrics("dataflex/rollout/", batch.valid_rows, batch.rewards, batch.lengths, batch.group_index)
+    out["dataflex/rollout/groups"] = float(batch.num_groups)
+    if not out["dataflex/rollout/rows"]:
+        return out
     if batch.domain_ids is not None and batch.domain_names:
         rows, means = batch.per_domain(batch.rewards)
         for name, count, mean in zip(batch.domain_names, rows.tolist(), means.tolist()):
@@ -221,9 +265,37 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     return out
 
 
+# ---------------------------------------------------------------------------- mini-batches
+def minibatch_blocks(rows: int, mini_batch_size: int, dp_size: int, *, epochs: int = 1, shuffle: bool = False,
+                     seed: int = 42) -> Tensor:
+    """Long ``[K, mini_batch_size]``: the rows of each mini-batch verl's actor update steps on, in the
+    order of the batch it receives (``K`` = ``epochs * rows / mini_batch_size``).
+
+    verl hands DP rank ``r`` the ``r``-th contiguous chunk of the batch, and each rank walks its chunk
+    with ``tensordict_utils.make_iterator`` (seed ``seed + r``); mini-batch ``j`` is the ``j``-th
+    local batch of every rank together, and its token-mean divides by its loss-mask sum over all ranks.
+    The same iterator runs here on row numbers, so shuffled orders come out exactly as verl draws them.
+    """
+    local, per_rank = rows // dp_size, mini_batch_size // dp_size
+    index = TensorDict({"row": torch.arange(local)}, batch_size=local)
+    ranks = []
+    for rank in range(dp_size):  # one iterator per rank, one entry per mini-batch: never per row
+        batches = tu.make_iterator(index, mini_batch_size=per_rank, epochs=epochs, seed=seed + rank,
+                                   dataloader_kwargs={"shuffle": shuffle})
+        ranks.append(torch.stack([b["row"] for b in batches]) + rank * local)
+    return torch.cat(ranks, dim=1)
+
+
 # ---------------------------------------------------------------------------- the trainer
-class DataflexSyncTrainer(PPOTrainerSync):
-    """verl's synchronous PPO trainer with the dataflex event bus wired into its step."""
+class DataflexTrainer(PPOTrainer):
+    """verl's v1 PPO trainer with the dataflex event bus wired into its step. Not registered itself:
+    each mode combines it with one of verl's trainers (``DataflexSyncTrainer(DataflexTrainer,
+    PPOTrainerSync)``, ...) and names that trainer's mode in :attr:`verl_mode`."""
+
+    #: The verl trainer mode whose code paths this trainer runs.
+    verl_mode = "sync"
+    #: Tells :mod:`dataflex_bus.verl.guard` that this trainer reads the ``dataflex`` block.
+    dataflex_host = True
 
     def __init__(self, config: DictConfig) -> None:
         # Build (and strictly validate) the method first: errors reach the driver before any worker starts.
@@ -237,16 +309,23 @@ class DataflexSyncTrainer(PPOTrainerSync):
         #: Metrics of events emitted outside a step method's ``metrics`` dict (prompt fetches, the buffer).
         self._event_metrics: dict[str, float] = {}
         self._refill_dispatched = 0
+        self._empty_blocks_seen = 0
+        self._rewards: dict[str, float] = {}
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl mode
     def _build_replay_buffer(self):
-        # verl branches on the literal "sync" (replay buffer type, forced gen_batch_size=1, TQ snapshots
-        # in checkpoints, TQ restore on resume); any other mode string silently selects the async paths.
-        self.trainer_mode = "sync"
-        self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+        # verl branches on the literal mode strings (replay buffer type, forced gen_batch_size=1, TQ
+        # snapshots in checkpoints, TQ restore on resume, the trainer.v1.<mode> section): run as the verl
+        # mode this trainer extends, never as "dataflex_...", which would select the async paths.
+        self.trainer_mode = self.verl_mode
+        self.parameter_sync_step = self.config.trainer.v1.get(self.verl_mode, {}).get("parameter_sync_step", 1)
         buffer = super()._build_replay_buffer()
         refill = self.dataflex.refill is not None
+        if refill and type(buffer) is not ReplayBuffer:
+            raise ConfigError(ConfigIssue(
+                "dataflex.refill", f"refill runs through verl's synchronous replay buffer; trainer mode "
+                f"{self.verl_mode!r} uses {type(buffer).__name__}", ["trainer.v1.trainer_mode=dataflex_sync"]))
         if type(buffer) is not ReplayBuffer or not (refill or (self.dataflex.keeps_history
                                                                and buffer.filter_groups_metric is not None)):
             return buffer
@@ -297,7 +376,14 @@ class DataflexSyncTrainer(PPOTrainerSync):
         """on_rollout, then verl's padding and sequence balancing on what is left."""
         self._skip_update = False
         batch = self._on_rollout(batch, metrics)
-        return super()._balance_batch(batch, metrics, *args, **kwargs)
+        batch = super()._balance_batch(batch, metrics, *args, **kwargs)
+        # What old-log-prob, reference, critic and actor compute will run on: verl pads the kept rows
+        # back to a multiple of lcm(dp, ppo_mini_batch_size * n) with synthetic 128-token rows.
+        padding = sum(bool(tag.get("is_padding", False)) for tag in batch.tags)
+        metrics["dataflex/compute/rows_after_padding"] = float(len(batch))
+        metrics["dataflex/compute/padding_rows"] = float(padding)
+        metrics["dataflex/compute/tokens_after_padding"] = float(sum(int(tag.get("seq_len", 0)) for tag in batch.tags))
+        return batch
 
     @property
     def _buffer_sees_rollouts(self) -> bool:
@@ -310,10 +396,13 @@ class DataflexSyncTrainer(PPOTrainerSync):
         if self.dataflex.refill is not None:
             # The buffer already ran on_rollout on every finished group and evicted what it dropped.
             batch, _ = self._read("on_rollout", meta)
+            self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
             metrics.update(rollout_metrics(batch))
             return meta
         history_here = self.dataflex.keeps_history and not self._buffer_sees_rollouts
         batch, data = self._read("on_rollout", meta, ["index"] if history_here else [])
+        # Rewards are final here; remembered by key for the trained-only metrics after the advantage.
+        self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
         if history_here:
             batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
             metrics.update(self.dataflex.record_rollouts(batch, self._step_index()))
@@ -440,13 +529,28 @@ class DataflexSyncTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
-        meta = super()._compute_advantage(batch, metrics)
+        return self._on_advantage(super()._compute_advantage(batch, metrics), metrics)
+
+    def _on_advantage(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        rewards = torch.tensor([self._rewards.get(key, 0.0) for key in meta.keys], dtype=torch.float32)
+        if not self.dataflex.listens("on_advantage"):
+            self._trained_without_listeners(meta, rewards, metrics)
+            return meta
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
         decision, view, data = self._emit("on_advantage", meta, extra)
         metrics.update(decision.metrics)
-        action = carry_out_advantage(view, decision)
-        if action.skip_update:
-            self._skip_update = True
+        blocks, multiple = self._actor_blocks(len(meta))
+        action = carry_out_advantage(view, decision, blocks=blocks, block_multiple=multiple)
+        self._empty_block_metrics(action.empty_blocks, action.restored_rows, action.remove, action.skip_update,
+                                  metrics)
+        self._skip_update = self._skip_update or action.skip_update
+        loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
+        tokens = (view["response_mask"] if loss_mask is None else loss_mask).ne(0).sum(dim=1)
+        trained = view.valid_rows & (tokens > 0) & (not self._skip_update)
+        if action.remove is not None:
+            trained &= ~action.remove
+        metrics.update(trained_metrics(trained, tokens, rewards, view.lengths, view.group_index))
+        if self._skip_update:
             return meta
         if not action.fields:
             return meta
@@ -455,10 +559,65 @@ class DataflexSyncTrainer(PPOTrainerSync):
         new_meta = put(meta, {name: to_nested(value, like) for name, value in action.fields.items()})
         # TQ's meta carries the stored fields; keep the batch-level info verl attached to the old one.
         new_meta.extra_info = {**(meta.extra_info or {}), **(new_meta.extra_info or {})}
+        if action.remove is not None:
+            # The emptied mini-batches leave the update (and TransferQueue, which fit() would no longer
+            # clear for them); the rest keep verl's order, so every other mini-batch is unchanged.
+            flags = action.remove.tolist()
+            tq.kv_clear(keys=list(itertools.compress(meta.keys, flags)), partition_id=meta.partition_id)
+            new_meta = new_meta.select_keys([k for k, f in zip(meta.keys, flags) if not f])
         return new_meta
+
+    def _trained_without_listeners(self, meta: KVBatchMeta, rewards: Tensor, metrics: dict) -> None:
+        """The trained-only metrics when no method or observer acts at on_advantage: nothing is dropped
+        here, so read just the loss mask (its row lengths are the response lengths) and the groups."""
+        data = fetch(meta, {"uid", "loss_mask"})
+        loss_mask = data["loss_mask"]
+        if not loss_mask.is_nested:
+            raise BatchFieldError("dataflex verl adapter", "loss_mask", "expected a nested (jagged) tensor")
+        tokens = nested_row_counts(loss_mask)
+        _, groups = np.unique(np.asarray(labels_of(data["uid"]), dtype=object), return_inverse=True)
+        trained = ~padding_flags(meta.tags) & (tokens > 0) & (not self._skip_update)
+        metrics["dataflex/empty_minibatches"] = 0.0
+        metrics.update(trained_metrics(trained, tokens, rewards, loss_mask.offsets().diff(),
+                                       torch.from_numpy(groups.reshape(-1))))
+
+    def _actor_blocks(self, rows: int) -> tuple[Tensor | None, int | None]:
+        """The actor's mini-batches for a batch of ``rows`` rows (``None`` when the actor does not update
+        this step), and the row multiple the batch must keep if whole mini-batches are taken out
+        (``None`` when they cannot be: a shuffled order differs in every epoch)."""
+        actor = self.config.actor_rollout_ref.actor
+        mini = int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        if self.config.trainer.critic_warmup > self.global_steps or rows == 0 or rows % mini:
+            return None, None
+        dispatch = self.actor_rollout_wg._dispatch_info.get("actor") or [0]
+        dp = max(dispatch) + 1
+        if mini % dp:
+            return None, None
+        shuffle = bool(actor.get("shuffle", False))
+        blocks = minibatch_blocks(rows, mini, dp, epochs=int(actor.get("ppo_epochs", 1)), shuffle=shuffle,
+                                  seed=int(actor.get("data_loader_seed", 42)))
+        return blocks, None if shuffle else self._get_required_batch_multiple(dp)
+
+    def _empty_block_metrics(self, empty: int, restored: int, remove: Tensor | None, skipped: bool,
+                             metrics: dict) -> None:
+        metrics["dataflex/empty_minibatches"] = float(empty)
+        if not empty:
+            return
+        metrics["dataflex/restored_rows"] = float(restored)
+        removed = 0 if remove is None else int(remove.sum())
+        metrics["dataflex/removed_minibatch_rows"] = float(removed)
+        self._empty_blocks_seen += 1
+        n = self._empty_blocks_seen
+        if n & (n - 1) == 0:  # 1st, 2nd, 4th, ... step: visible without flooding the log
+            action = ("skipping this step's actor update" if skipped else
+                      f"taking {removed} rows out of the update" if removed else
+                      f"training {restored} dropped rows again (on_empty=keep_all)")
+            log.warning("dataflex: step %d: every row of %d mini-batch(es) was dropped; %s (%d such step(s) so "
+                        "far, counted in dataflex/empty_minibatches)", self.global_steps, empty, action, n)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         metrics["dataflex/skipped_update"] = float(self._skip_update)
+        metrics["dataflex/compute/actor_rows"] = 0.0 if self._skip_update else float(len(batch))
         if self._skip_update:
             log.warning("dataflex: step %d kept no sample; skipping the actor update (dataflex.on_empty=skip)",
                         self.global_steps)
@@ -482,11 +641,15 @@ class DataflexSyncTrainer(PPOTrainerSync):
             metrics.update(self._prompt_counts.metrics())
         if self.dataflex.refill is not None:
             metrics["dataflex/refill/dispatched_prompts"] = float(self._refill_dispatched)
-        decision, _, _ = self._emit("on_step_end", batch)
-        metrics.update(decision.metrics)
+        self._on_step_end(batch, metrics)
         for name, count in self._drawn.items():
             metrics[f"dataflex/drawn/{name}"] = float(count)
         return batch
+
+    def _on_step_end(self, batch: KVBatchMeta, metrics: dict) -> None:
+        if self.dataflex.listens("on_step_end"):  # else fetching the step's batch would serve no one
+            decision, _, _ = self._emit("on_step_end", batch)
+            metrics.update(decision.metrics)
 
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:
@@ -579,4 +742,27 @@ class DataflexSyncTrainer(PPOTrainerSync):
         log.info("dataflex: restored method state from %s", path)
 
 
-register_trainer(TRAINER_MODE)(DataflexSyncTrainer)
+class DataflexSyncTrainer(DataflexTrainer, PPOTrainerSync):
+    """``dataflex_sync``: verl's synchronous trainer (``sync``) with the dataflex events."""
+
+    verl_mode = "sync"
+
+
+class DataflexColocateAsyncTrainer(DataflexTrainer, PPOTrainerColocateAsync):
+    """``dataflex_colocate_async``: verl's ``colocate_async`` trainer (partial rollout, replicas
+    colocated with training) with the dataflex events."""
+
+    verl_mode = "colocate_async"
+
+
+class DataflexSeparateAsyncTrainer(DataflexTrainer, PPOTrainerSeparateAsync):
+    """``dataflex_separate_async``: verl's ``separate_async`` trainer (standalone rollout replicas)
+    with the dataflex events."""
+
+    verl_mode = "separate_async"
+
+
+_BY_VERL_MODE = {cls.verl_mode: cls for cls in (DataflexSyncTrainer, DataflexColocateAsyncTrainer,
+                                                 DataflexSeparateAsyncTrainer)}
+for _name, _verl_mode in TRAINER_MODES.items():
+    register_trainer(_name)(_BY_VERL_MODE[_verl_mode])
