@@ -27,14 +27,16 @@ _EXPORTS = {
     "register_selector": "components",
     "register_reweighter": "components",
     "register_mixer": "components",
-    "DataflexConfig": "config",
+    "DataflexConfig": "block",
+    "MethodConfig": "block",
     "load_config": "config",
     "apply_overrides": "config",
-    "Decision": "pipeline",
+    "Decision": "decision",
+    "Method": "method",
     "Pipeline": "pipeline",
     "build_pipeline": "pipeline",
     "build_component": "pipeline",
-    "validate": "pipeline",
+    "validate": "validation",
     "EventBus": "bus",
     "Runtime": "runtime",
     "get_plugins": "discovery",
@@ -49,6 +51,7 @@ __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .block import DataflexConfig, MethodConfig
     from .bus import EventBus
     from .components import (
         Component,
@@ -65,7 +68,10 @@ if TYPE_CHECKING:
         register_scorer,
         register_selector,
     )
-    from .config import DataflexConfig, apply_overrides, load_config
+    from .config import apply_overrides, load_config
+    from .decision import Decision
     from .discovery import get_plugins, reset_plugins
-    from .pipeline import Decision, Pipeline, build_component, build_pipeline, validate
+    from .method import Method
+    from .pipeline import Pipeline, build_component, build_pipeline
     from .runtime import Runtime
+    from .validation import validate

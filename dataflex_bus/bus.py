@@ -3,7 +3,7 @@
 A host (the CPU shim or the verl trainer) builds one :class:`EventBus` per run and calls
 :meth:`EventBus.emit` at each training event. Two roles subscribe:
 
-* **participants**, the components wired by the config (a :class:`~dataflex_bus.Pipeline`): they change
+* **participants**, the methods wired by the config (a :class:`~dataflex_bus.Pipeline`): they change
   training, so an exception stops the run at once, re-raised as
   :class:`~dataflex_bus.errors.PluginRuntimeError` naming the plugin and the hook;
 * **observers**, plugins that only watch (loggers, metric sinks): they run after every participant and
@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .decision import Decision
 from .discovery import new_plugin_manager
 from .errors import DataflexError, PluginRuntimeError
 from .hookspecs import EVENTS, PROJECT
-from .pipeline import Decision
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -48,7 +48,8 @@ def _guard(plugin: object, name: str, *, observer: bool) -> _Guarded:
     return guarded
 
 
-def _wrap(fn: Callable[..., Any], plugin: str, hook: str, *, observer: bool, opts: dict[str, Any]):
+def _wrap(fn: Callable[..., Any], plugin: str, hook: str, *, observer: bool,
+          opts: dict[str, Any]) -> Callable[..., Any]:
     if observer:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -99,12 +100,6 @@ class EventBus:
         self.pm.register(_guard(plugin, name, observer=True), name=f"observer:{name}")
         self.pm.check_pending()
         self.observers.append(name)
-
-    def remove(self, name: str) -> None:
-        for prefix, names in (("participant:", self.participants), ("observer:", self.observers)):
-            if self.pm.get_plugin(prefix + name) is not None:
-                self.pm.unregister(name=prefix + name)
-                names.remove(name)
 
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
         """Emit one training event; returns what the participants decided."""

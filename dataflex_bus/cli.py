@@ -12,29 +12,48 @@ from typing import Any
 
 from . import __version__
 
+#: Component kinds (as in ``components.KINDS``; repeated so building the parser imports nothing).
+_KINDS = ("scorer", "selector", "reweighter", "mixer")
+
 #: subcommand -> "module:function" taking the parsed args and returning an exit code.
 COMMANDS = {
     "plugins": "dataflex_bus.cli:cmd_plugins",
+    "info": "dataflex_bus.cli:cmd_info",
     "validate": "dataflex_bus.cli:cmd_validate",
     "run": "dataflex_bus.shim.commands:cmd_run",
-    "compare": "dataflex_bus.shim.commands:cmd_compare",
+    "compare": "dataflex_bus.shim.compare:cmd_compare",
     "doctor": "dataflex_bus.verl.doctor:cmd_doctor",
     "new-plugin": "dataflex_bus.template:cmd_new_plugin",
 }
+#: Commands that log (configuring costs a structlog import, which ``dataflex plugins`` must not pay).
+LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
+
+
+DESCRIPTION = ("Data-centric training controls for GRPO (select, reweight, mix) as plugins on one event bus: "
+               "list and inspect plugins, check configs, train on the CPU shim, compare methods.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dataflex", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="dataflex", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dataflex-bus {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("plugins", help="list installed plugins, what they provide and what failed")
     p.add_argument("--json", action="store_true", help="stable, sorted JSON instead of a table")
-    p.add_argument("--check", action="store_true", help="exit 1 if any plugin failed to load")
+    p.add_argument("--check", action="store_true",
+                   help="also import every component in a separate process and check its declarations; "
+                        "exit 1 on any failure")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="--check: give up on a plugin whose import takes longer (default 300)")
+
+    p = sub.add_parser("info", help="one component: parameters, timing, granularity, an example config")
+    p.add_argument("name", help="component name, or distribution:name")
+    p.add_argument("--kind", choices=[*_KINDS, "actuator"], help="when the name is both a scorer and an actuator")
+    p.add_argument("--json", action="store_true", help="JSON (a list: one entry per matching component)")
 
     p = sub.add_parser("validate", help="check a config against the installed plugins; nothing trains")
-    p.add_argument("config", help="YAML file with a `dataflex:` block")
+    p.add_argument("config", help="YAML file: a shim run config (examples/) or a verl config with a `dataflex:` block")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. dataflex.actuator.params.low=0.1")
 
     p = sub.add_parser("run", help="train on the CPU shim with the configured method")
@@ -46,18 +65,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config as `dataflex validate` does; nothing trains")
 
-    p = sub.add_parser("compare", help="run (or read) several configs on the same seeds and plot them")
-    p.add_argument("configs", nargs="+", help="YAML run configs or finished run directories")
+    p = sub.add_parser("compare", help="several configs on the same seeds: paired statistics, table and plot")
+    p.add_argument("configs", nargs="+",
+                   help="YAML run configs, finished run directories, or directories of them (one per seed)")
     p.add_argument("--steps", type=int, help="training steps for each run")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the config's seed)")
-    p.add_argument("--out", default="runs/compare", help="output directory for runs, plot and table")
+    p.add_argument("--baseline", help="label (config stem or directory name) the others are compared with "
+                                      "(default: the first input)")
+    p.add_argument("--metric", default="eval/heldout/learnable",
+                   help="held-out metric compared at each run's last eval point (default: %(default)s)")
+    p.add_argument("--budget-reading", default="linear", choices=["linear", "floor"],
+                   help="how a run is read at a rollout budget between eval points (default: %(default)s)")
+    p.add_argument("--out", default="runs/compare", help="output directory for runs, compare.json, table and plot")
     p.add_argument("--force", action="store_true",
-                   help="replace run directories written with another config (identical finished runs are reused)")
+                   help="replace an earlier comparison in --out and run directories written with another config "
+                        "(identical finished runs are still reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("overrides", nargs="*",
+                   help="your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...): doctor "
+                        "then also checks the dataflex block against the trainer that config runs")
 
     p = sub.add_parser("new-plugin", help="create a method pack from the template")
     p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")
@@ -71,13 +103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     stray = [e for e in extra if "=" not in e and not e.startswith("~")]
     if extra and (not hasattr(args, "overrides") or stray):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        # The subcommand's own usage (its options), not the top-level one.
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    if args.log_json:
-        import os
+    if args.command in LOGGING_COMMANDS:
+        # The application configures logging; the library never does (it may run inside verl).
+        from .logs import configure
 
-        os.environ["DATAFLEX_LOG_FORMAT"] = "json"  # read when a command first logs
+        configure(json=True if args.log_json else None)
     module_name, _, func = COMMANDS[args.command].partition(":")
     handler = getattr(import_module(module_name), func)
     from .errors import DataflexError
@@ -94,7 +129,10 @@ def plugins_report() -> list[dict[str, Any]]:
     """The ``dataflex plugins --json`` document: sorted by name, then distribution."""
     from .discovery import get_plugins
 
-    records = [r.as_json() for r in get_plugins().records]
+    return _sorted_report([r.as_json() for r in get_plugins().records])
+
+
+def _sorted_report(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r["name"], r["distribution"] or ""))
 
 
@@ -106,50 +144,394 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _plugin_rows(record: dict[str, Any]) -> list[list[str]]:
+    """One table row per component (or for the error), then one per warning; plugin columns only once."""
+    details: list[str] = []
+    if record["status"] == "active":
+        for c in record["components"]:
+            line = f"{c['name']} ({c['kind']})" + (f"  {c['summary']}" if c.get("summary") else "")
+            check = c.get("check")
+            if check not in (None, "ok"):
+                line += f"  CHECK FAILED: {check}"
+            details.append(line)
+    elif record["status"] == "disabled":
+        details.append(f"by {record['disabled_by']}" if record.get("disabled_by") else "")
+    else:
+        details.append(record["error"] or "")
+    details += [f"warning: {w}" for w in record.get("warnings") or []]
+    head = [record["name"], record["distribution"] or "-", record["version"] or "-", record["status"]]
+    rows = [[*head, details[0] if details else ""]]
+    rows += [["", "", "", "", d] for d in details[1:]]
+    return rows
+
+
+def _check_problems(report: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for r in report:
+        label = f"plugin {r['name']!r} ({r['distribution'] or '?'}=={r['version'] or '?'})"
+        if r["status"] == "failed":
+            problems.append(f"{label}: {r['error']}")
+        for c in r["components"]:
+            if c.get("check") not in (None, "ok"):
+                problems.append(f"{label}: {c['kind']} {c['name']!r} -> {c['target']!r}: {c['check']}")
+    return problems
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
-    report = plugins_report()
+    if args.check:
+        from .discovery import check_plugins
+
+        report = _sorted_report(check_plugins(timeout=args.timeout))
+    else:
+        report = plugins_report()
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        rows = []
-        for r in report:
-            comps = ", ".join(f"{c['name']} ({c['kind']})" for c in r["components"])
-            detail = comps if r["status"] == "active" else (r["error"] or "")
-            rows.append([r["name"], r["distribution"] or "-", r["version"] or "-", r["status"], detail])
+        rows = [row for r in report for row in _plugin_rows(r)]
         print(_table(rows, ["PLUGIN", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS / ERROR"])
               if rows else "no dataflex plugins installed")
-    failed = [r for r in report if r["status"] == "failed"]
-    return 1 if args.check and failed else 0
+    if not args.check:
+        return 0
+    problems = _check_problems(report)
+    if not args.json:
+        components = sum(len(r["components"]) for r in report)
+        if problems:
+            print(f"\ncheck failed: {len(problems)} problem(s)")
+            print("\n".join(f"  - {p}" for p in problems))
+        else:
+            print(f"\ncheck ok: {len(report)} plugin(s), {components} component(s) import and declare valid "
+                  "attributes")
+    return 1 if problems else 0
+
+
+# ---------------------------------------------------------------------------- info
+def cmd_info(args: argparse.Namespace) -> int:
+    from .discovery import get_plugins
+    from .errors import UnknownComponentError
+    from .registry import SLOT
+
+    registry = get_plugins().registry()
+    kind = args.kind
+    slots = ["scorer", "actuator"] if kind is None else [SLOT.get(kind, kind)]
+    specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
+    if not specs:
+        import difflib
+
+        bare = args.name.rpartition(":")[2]
+        kinds = [kind] if kind in _KINDS else None
+        known = sorted({n for slot in slots for n in registry.names(slot, kinds)})
+        close = difflib.get_close_matches(bare, known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        what = kind or "component"
+        other = ""
+        if kind is not None and registry.find(args.name):
+            found = sorted({s.kind for s in registry.find(args.name)})
+            other = f" (there is {_article(found[0])} {' and '.join(found)} of that name: drop --kind)"
+        raise UnknownComponentError(
+            f"unknown {what} {bare!r}{hint}{other} (installed: {', '.join(known) or 'none'})"
+            f"{registry.disabled_hint(slots[0], bare) if len(slots) == 1 else _disabled_hint_any(registry, bare)}")
+    entries = [component_info(spec, registry) for spec in specs]
+    if args.json:
+        print(json.dumps(entries, indent=2, sort_keys=True, default=str))
+        return 0
+    if len(entries) > 1:
+        names = ", ".join(f"{e['kind']} {e['qualified_name']}" for e in entries)
+        print(f"{args.name!r} names {len(entries)} components: {names}; pass --kind (or distribution:name) "
+              "to show one\n")
+    print("\n\n".join(_info_text(e) for e in entries))
+    return 0
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _disabled_hint_any(registry: Any, bare: str) -> str:
+    return registry.disabled_hint("scorer", bare) or registry.disabled_hint("actuator", bare)
+
+
+def component_info(spec: Any, registry: Any) -> dict[str, Any]:
+    """Everything ``dataflex info`` shows about one registered component (imports its class)."""
+    import inspect
+
+    from .components import MECHANISM_KIND
+    from .registry import SLOT
+
+    cls = spec.load()
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    params = []
+    for name, p in cls.params.items():
+        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        params.append({
+            "name": name, "type": " or ".join("None" if t is type(None) else t.__name__ for t in types),
+            "required": p.required, "default": None if p.required else _plain(p.default),
+            "allowed": p.describe(), "low": p.low, "high": p.high,
+            "choices": None if p.choices is None else list(p.choices), "doc": p.doc,
+        })
+    info: dict[str, Any] = {
+        "name": spec.name, "kind": spec.kind, "slot": SLOT[spec.kind], "qualified_name": spec.qualified_name,
+        "plugin": spec.plugin, "provider": spec.pin, "target": spec.target_text,
+        "summary": spec.summary or (doc.splitlines()[0] if doc else ""), "doc": doc,
+        "parameters": params, "requires": list(cls.requires), "needs_groups": bool(cls.needs_groups),
+    }
+    if spec.kind == "scorer":
+        info.update(timing=cls.timing, granularity=cls.granularity)
+    else:
+        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        info.update(mechanism=mechanism, min_timing=cls.min_timing, accepts=list(cls.accepts))
+    info["events"] = _events(spec.kind, cls)
+    block, valid = _example_block(spec, cls, registry)
+    info["example"] = _yaml_block(block, cls, SLOT[spec.kind])
+    info["example_validated"] = valid
+    return info
+
+
+def _plain(value: Any) -> Any:
+    """A parameter default as JSON/YAML can write it."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _events(kind: str, cls: Any) -> dict[str, str]:
+    """The bus events the component can act at, each with the condition (empty when none)."""
+    from .components import TIMINGS
+    from .hookspecs import EVENTS
+
+    if kind == "scorer":
+        if cls.timing == "pre_rollout":
+            return {"on_prompts": "with a selector, before generation"}
+        first = EVENTS.index(TIMINGS[cls.timing])
+        out = {e: "" for e in EVENTS[first:]}
+        if "on_rollout" in out:
+            out["on_rollout"] = "with a selector that keeps whole groups for these scores"
+        if "on_step_end" in out:
+            out["on_step_end"] = "mix only"
+        return out
+    if kind == "reweighter":
+        return {"on_advantage": ""}
+    if kind == "mixer":
+        return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
+    from .validation import EVENT_FIELDS
+
+    def readable(event: str) -> bool:
+        return set(cls.requires) <= EVENT_FIELDS[event]
+
+    out = {}
+    if cls.min_timing == "pre_rollout" and readable("on_prompts"):
+        out["on_prompts"] = "fed a pre_rollout score (before generation)"
+    if cls.min_timing in ("pre_rollout", "post_reward") and readable("on_rollout"):
+        whole = [g for g in cls.accepts if cls.keeps_whole_groups(g)]
+        if whole:
+            out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
+    if readable("on_advantage"):
+        out["on_advantage"] = ""
+    return out
+
+
+def _example_params(cls: Any) -> dict[str, Any]:
+    """Every parameter at its default; a required one gets a value its declaration allows."""
+    out = {}
+    for name, p in cls.params.items():
+        if not p.required:
+            out[name] = _plain(p.default)
+            continue
+        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        if p.choices:
+            value: Any = p.choices[0]
+        elif bool in types:
+            value = False
+        elif float in types or int in types:
+            lo = p.low if p.low is not None else (p.high - 1 if p.high is not None else 0)
+            hi = p.high if p.high is not None else lo + 1
+            value = (lo + hi) / 2 if float in types else int(lo) + (1 if p.low_open or p.low is None else 0)
+        elif dict in types:
+            value = {}
+        elif list in types or tuple in types:
+            value = []
+        else:
+            value = "value"
+        out[name] = _plain(value)
+    return out
+
+
+def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], bool]:
+    """A ``dataflex`` block using the component with a fitting partner that passes validation."""
+    from .components import MECHANISM_KIND
+    from .errors import DataflexError
+    from .pipeline import validate
+    from .registry import SLOT
+
+    def ref(s: Any, c: Any) -> dict[str, Any]:
+        ambiguous = len(registry.find(s.name, [SLOT[s.kind]])) > 1
+        return {"name": s.qualified_name if ambiguous else s.name, "params": _example_params(c)}
+
+    mechanisms = list(MECHANISM_KIND)
+    if spec.kind == "scorer":
+        options = [(m, a) for m in mechanisms for a in registry.specs if a.kind == MECHANISM_KIND[m]]
+    else:
+        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        options = [(mechanism, s) for s in registry.specs if s.kind == "scorer"]
+    loaded = []
+    for mechanism, partner in options:
+        try:
+            loaded.append((mechanism, partner, partner.load()))
+        except DataflexError:
+            continue
+
+    def preference(option: tuple[str, Any, Any]) -> tuple[int, bool, int, str]:
+        # The pack's own partners first, then the pairing the actuator lists first in `accepts`.
+        mechanism, partner, p_cls = option
+        scorer_cls, actuator_cls = (cls, p_cls) if spec.kind == "scorer" else (p_cls, cls)
+        accepts = list(actuator_cls.accepts)
+        fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
+        return mechanisms.index(mechanism), partner.provider != spec.provider, fit, partner.name
+
+    def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
+        pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
+        return {"mechanism": mechanism, **pair}
+
+    own = ref(spec, cls)
+    ranked = sorted(loaded, key=preference)
+    for mechanism, partner, p_cls in ranked:
+        block = make(mechanism, ref(partner, p_cls))
+        try:
+            validate(block, registry)
+        except DataflexError:
+            continue
+        return block, True
+    if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
+        mechanism, partner, p_cls = ranked[0]
+        return make(mechanism, ref(partner, p_cls)), False
+    mechanism = "select" if spec.kind == "scorer" else next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+    return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
+
+
+def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
+    """The block as YAML; the component's own required parameters are marked (JSON scalars are YAML)."""
+    lines = ["dataflex:", f"  mechanism: {block['mechanism']}"]
+    for name in ("scorer", "actuator"):
+        ref = block[name]
+        lines.append(f"  {name}:")
+        lines.append(f"    name: {json.dumps(ref['name']) if ref['name'].startswith('<') else ref['name']}")
+        if not ref["params"]:
+            continue
+        lines.append("    params:")
+        for key, value in ref["params"].items():
+            note = ""
+            if name == slot and cls.params[key].required:
+                note = f"  # required: {cls.params[key].describe()}"
+            lines.append(f"      {key}: {json.dumps(value)}{note}")
+    return "\n".join(lines)
+
+
+def _info_text(e: dict[str, Any]) -> str:
+    lines = [f"{e['name']} ({e['kind']}) from {e['provider']}, plugin {e['plugin']!r}"]
+    if e["summary"]:
+        lines.append(f"  {e['summary']}")
+    lines.append(f"  target:       {e['target']}")
+    lines.append(f"  qualified:    {e['qualified_name']}  (the config name when another pack has the same one)")
+    if e["kind"] == "scorer":
+        lines.append(f"  timing:       {e['timing']}")
+        lines.append(f"  granularity:  {e['granularity']}")
+    else:
+        lines.append(f"  mechanism:    {e['mechanism']}")
+        lines.append(f"  min_timing:   {e['min_timing']}")
+        lines.append(f"  accepts:      {', '.join(e['accepts'])}")
+    lines.append(f"  requires:     {', '.join(e['requires']) or '-'}")
+    lines.append(f"  needs_groups: {'yes' if e['needs_groups'] else 'no'}")
+    events = ", ".join(f"{ev} ({cond})" if cond else ev for ev, cond in e["events"].items())
+    lines.append(f"  events:       {events}")
+    if e["parameters"]:
+        lines.append("  parameters:")
+        for p in e["parameters"]:
+            default = "required" if p["required"] else f"default {p['default']!r}"
+            lines.append(f"    {p['name']}: {p['allowed']}, {default}" + (f"  ({p['doc']})" if p["doc"] else ""))
+    else:
+        lines.append("  parameters:   none")
+    note = "" if e["example_validated"] else "  # not checked valid: set the required values (and any <...> name)"
+    lines.append(f"  example:{note}")
+    lines += [f"    {line}" for line in e["example"].splitlines()]
+    body = e["doc"].strip()
+    if body:
+        lines.append("")
+        lines += [f"  {line}".rstrip() for line in body.splitlines()]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- validate
-def host_context(config: dict[str, Any]) -> dict[str, Any]:
-    """Facts about the host that validation checks against (verl-style or shim keys)."""
+#: Top-level keys only a verl config has: such a file is checked as verl's (the dataflex block against
+#: verl's context), anything else as a shim run config (every section).
+VERL_SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_model", "reward",
+                           "custom_reward_function", "ray_kwargs", "transfer_queue", "global_profiler"})
+
+
+def verl_context(config: dict[str, Any], issues: list[Any]) -> dict[str, Any]:
+    """What validation checks a block against in a verl config: ``algorithm.adv_estimator`` and
+    ``actor_rollout_ref.rollout.n`` (a non-integer ``n`` is an issue of its own, not a traceback)."""
+    from .errors import ConfigIssue
+
     ctx: dict[str, Any] = {}
-    algorithm = config.get("algorithm") or {}
-    if isinstance(algorithm, dict) and "adv_estimator" in algorithm:
-        ctx["adv_estimator"] = algorithm["adv_estimator"]
-    rollout = ((config.get("actor_rollout_ref") or {}).get("rollout") or {}) if isinstance(
-        config.get("actor_rollout_ref"), dict) else {}
+    algorithm = config.get("algorithm")
+    if isinstance(algorithm, dict) and algorithm.get("adv_estimator") is not None:
+        ctx["adv_estimator"] = str(algorithm["adv_estimator"])
+    actor = config.get("actor_rollout_ref")
+    rollout = actor.get("rollout") if isinstance(actor, dict) else None
     if isinstance(rollout, dict) and "n" in rollout:
-        ctx["rollout_n"] = rollout["n"]
-    trainer = config.get("trainer") or {}
-    if isinstance(trainer, dict) and "group_size" in trainer:
-        ctx["rollout_n"] = trainer["group_size"]
+        n = rollout["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            issues.append(ConfigIssue("actor_rollout_ref.rollout.n", f"expected an integer >= 1 (responses per "
+                                      f"prompt), got {type(n).__name__} {n!r}"))
+        else:
+            ctx["rollout_n"] = n
     return ctx
+
+
+def check_config(config: dict[str, Any]) -> Any:
+    """Check a whole config file the way the host that runs it would, every problem at once: a verl config's
+    ``dataflex`` block against verl's context, a shim config's every section. Returns the validated block
+    (``None``: no method, plain GRPO); raises :class:`~dataflex_bus.errors.ConfigError`."""
+    from .errors import ConfigError
+
+    if VERL_SECTIONS & set(config):
+        from .validation import validate
+
+        issues: list[Any] = []
+        context = verl_context(config, issues)
+        block, cfg = config.get("dataflex"), None
+        if block:
+            try:
+                cfg = validate(block, context=context)
+            except ConfigError as exc:
+                issues.extend(exc.issues)
+        if issues:
+            raise ConfigError(issues)
+        return cfg
+    from .shim.config import prepare
+
+    return prepare(config).method
+
+
+def validation_report(cfg: Any) -> list[str]:
+    """What ``dataflex validate`` and ``dataflex run --dry-run`` print for a valid config."""
+    if cfg is None:
+        return ["ok: no dataflex block: plain GRPO, no method"]
+    lines = [f"warning: {warning}" for warning in cfg.warnings]
+    for method in cfg.methods:
+        name = f"{method.name}: " if cfg.stacked else ""
+        lines.append(f"ok: {name}mechanism={method.mechanism} scorer={method.scorer.name} "
+                     f"actuator={method.actuator.name}")
+    return lines
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .errors import ConfigError, ConfigIssue
-    from .pipeline import validate
 
-    config = load_config(args.config, args.overrides)
-    block = config.get("dataflex")
-    if block is None:
-        raise ConfigError(ConfigIssue("dataflex", f"{args.config} has no `dataflex:` block"))
-    cfg = validate(block, context=host_context(config))
-    print(f"ok: mechanism={cfg.mechanism} scorer={cfg.scorer.name} actuator={cfg.actuator.name}")
+    print("\n".join(validation_report(check_config(load_config(args.config, args.overrides)))))
     return 0
 
 

@@ -10,20 +10,24 @@ cannot work.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import ConfigIssue
+from .errors import BatchFieldError, ConfigIssue
+from .schema import Param, check_section
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
+    from .history import VisitClasses
 
 #: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
+#: ``pre_rollout`` scorers read only what is known about a prompt before generating for it (its id,
+#: domain and per-prompt history).
 TIMINGS: dict[str, str] = {
+    "pre_rollout": "on_prompts",
     "post_reward": "on_rollout",
     "post_advantage": "on_advantage",
     "post_update": "on_step_end",
@@ -33,87 +37,12 @@ KINDS = ("scorer", "selector", "reweighter", "mixer")
 #: Which actuator kind serves each mechanism.
 MECHANISM_KIND = {"select": "selector", "reweight": "reweighter", "mix": "mixer"}
 
-_REQUIRED = object()
-
-
-@dataclass(frozen=True)
-class Param:
-    """A declared component parameter: type, default and allowed range or choices.
-
-    ``low``/``high`` bound numbers (``low_open``/``high_open`` make a bound exclusive); ``choices``
-    lists the allowed values. A parameter without ``default`` is required.
-    """
-
-    type: type | tuple[type, ...]
-    default: Any = _REQUIRED
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple[Any, ...] | None = None
-    doc: str = ""
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-    def describe(self) -> str:
-        """Human-readable allowed values, used in error messages and docs."""
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(c) for c in self.choices)
-        names = self.type if isinstance(self.type, tuple) else (self.type,)
-        text = " or ".join(t.__name__ for t in names)
-        if self.low is not None or self.high is not None:
-            lo = "(-inf" if self.low is None else ("(" if self.low_open else "[") + f"{self.low:g}"
-            hi = "inf)" if self.high is None else f"{self.high:g}" + (")" if self.high_open else "]")
-            text += f" in {lo}, {hi}"
-        return text
-
-    def coerce(self, key: str, value: Any) -> tuple[Any, ConfigIssue | None]:
-        """Check and convert one value; returns ``(value, issue)``."""
-        types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if isinstance(value, bool) and bool not in types:
-            return value, ConfigIssue(key, f"expected {self.describe()}, got bool {value!r}")
-        if not isinstance(value, types):
-            if float in types and isinstance(value, int):
-                value = float(value)
-            else:
-                return value, ConfigIssue(
-                    key, f"expected {self.describe()}, got {type(value).__name__} {value!r}"
-                )
-        if self.choices is not None and value not in self.choices:
-            return value, ConfigIssue(key, f"{value!r} is not allowed", self.choices)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if isinstance(value, float) and not math.isfinite(value):
-                return value, ConfigIssue(key, f"must be finite, got {value!r}")
-            too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
-            too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
-            if too_low or too_high:
-                return value, ConfigIssue(key, f"{value!r} is out of range: expected {self.describe()}")
-        return value, None
-
-
 def resolve_params(
     cls: type[Component], given: Mapping[str, Any], key: str = "params"
 ) -> tuple[dict[str, Any], list[ConfigIssue]]:
     """Validate ``given`` against ``cls.params``; returns the full parameter dict and every issue."""
     issues: list[ConfigIssue] = []
-    declared = cls.params
-    for name in given:
-        if name not in declared:
-            issues.append(ConfigIssue(f"{key}.{name}", f"unknown parameter of {cls.__name__}", sorted(declared)))
-    values: dict[str, Any] = {}
-    for name, spec in declared.items():
-        if name in given:
-            value, issue = spec.coerce(f"{key}.{name}", given[name])
-            if issue:
-                issues.append(issue)
-                continue
-            values[name] = value
-        elif spec.required:
-            issues.append(ConfigIssue(f"{key}.{name}", f"required parameter of {cls.__name__} is missing"))
-        else:
-            values[name] = spec.default
+    values = check_section(given, cls.params, key, issues, owner=cls.__name__)
     if not issues:
         issues.extend(
             ConfigIssue(f"{key}.{param}" if param else key, message)
@@ -132,6 +61,13 @@ class Component:
 
     kind: ClassVar[str] = ""
     params: ClassVar[Mapping[str, Param]] = {}
+    #: Batch fields the component reads (verl names; ``uid`` and ``data_source`` are row labels).
+    requires: ClassVar[Sequence[str]] = ()
+    #: Needs several rollouts per prompt (a group-based advantage estimator such as GRPO).
+    needs_groups: ClassVar[bool] = False
+    #: Reads the per-prompt history (the ``history_*`` fields): the runtime keeps one when any component
+    #: of the block declares this (see :mod:`dataflex_bus.history`).
+    uses_history: ClassVar[bool] = False
     #: Set by the registry when built by name; class name otherwise.
     name: str = ""
 
@@ -146,10 +82,20 @@ class Component:
             setattr(self, key, value)
         self.name = self.name or type(self).__name__
 
+    @property
+    def who(self) -> str:
+        """How errors name this component: ``"selector 'dapo'"``."""
+        return f"{self.kind} {self.name!r}"
+
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Cross-parameter checks: return ``[(param, message), ...]`` for each violated rule."""
         return []
+
+    def visit_classes(self) -> VisitClasses | None:
+        """How this component wants the history to classify a visit (easy / hard / other), or ``None``
+        when it does not care. Every component of a block that answers must answer the same."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume; stateless components return ``{}``."""
@@ -195,7 +141,9 @@ class Scorer(Component):
     #: Needs several rollouts per prompt (a group-based advantage estimator such as GRPO).
     needs_groups: ClassVar[bool] = False
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score | Tensor:
+        """Score ``batch`` at training ``step``: a :class:`Score`, or a plain tensor shaped by
+        :attr:`granularity` (``[B]``, ``[B, T]`` or ``[D]``). ``ctx`` holds ``event``, the bus event."""
         raise NotImplementedError(f"{type(self).__name__}.score")
 
 
@@ -210,6 +158,8 @@ class Actuator(Component):
     #: Batch fields the actuator itself reads, beyond the scorer's.
     requires: ClassVar[Sequence[str]] = ()
     needs_groups: ClassVar[bool] = False
+    #: Scorers whose statistic this actuator is defined on (its paper's); others are warned, not refused.
+    intended_scorers: ClassVar[Sequence[str]] = ()
 
 
 @dataclass
@@ -225,10 +175,17 @@ class Selection:
 
 
 class Selector(Actuator):
-    """Mechanism ``select``: which rows enter the update."""
+    """Mechanism ``select``: which rows enter the update (at ``on_prompts``: which candidate prompts are
+    generated)."""
 
     kind: ClassVar[str] = "selector"
     mechanism: ClassVar[str] = "select"
+    #: A selection only needs its score: fed a ``pre_rollout`` score it acts before generation.
+    min_timing: ClassVar[str] = "pre_rollout"
+    #: Returns recomputed ``advantages`` over the rows it keeps (a subset selector such as PODS).
+    rewrites_advantages: ClassVar[bool] = False
+    #: Drops exactly the zero-variance groups (what verl's own ``algorithm.filter_groups`` evicts).
+    filters_zero_variance: ClassVar[bool] = False
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
@@ -240,7 +197,7 @@ class Selector(Actuator):
         """
         return False
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         raise NotImplementedError(f"{type(self).__name__}.select")
 
 
@@ -260,7 +217,7 @@ class Reweighter(Actuator):
     min_timing: ClassVar[str] = "post_advantage"
     accepts: ClassVar[Sequence[str]] = ("prompt", "response", "token")
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         raise NotImplementedError(f"{type(self).__name__}.reweight")
 
 
@@ -280,13 +237,123 @@ class Mixer(Actuator):
     def set_domains(self, domains: Sequence[str]) -> None:
         self.domains = list(domains)
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         """Fold this step's statistics in; returns metrics."""
         raise NotImplementedError(f"{type(self).__name__}.update")
 
     def probabilities(self) -> Tensor:
         """Float ``[D]`` summing to 1, aligned with ``self.domains``."""
         raise NotImplementedError(f"{type(self).__name__}.probabilities")
+
+
+# ---------------------------------------------------------------------------- checks the bus relies on
+def as_score(result: Any, scorer: Scorer, batch: Batch) -> Score:
+    """What ``scorer.score(batch, ...)`` returned, as a checked :class:`Score`.
+
+    A scorer may return a :class:`Score` or a plain tensor (the seed's contract); either way the values
+    must be a real-valued tensor shaped by the declared granularity: ``[B]`` for ``prompt``/``response``,
+    ``[B, T]`` for ``token`` (``T`` the response width), ``[D]`` for ``domain`` (``D`` the batch's domain
+    names). Raises :class:`~dataflex_bus.errors.BatchFieldError` naming the scorer and field ``score``.
+    """
+    import torch
+
+    who = f"scorer {scorer.name or type(scorer).__name__!r}"
+    granularity = scorer.granularity
+    if isinstance(result, Score):
+        score = result
+        if score.granularity != granularity:
+            raise BatchFieldError(who, "score", f"declares granularity {granularity!r} but returned a "
+                                  f"{score.granularity!r} Score")
+        if not isinstance(score.values, torch.Tensor):
+            raise BatchFieldError(who, "score",
+                                  f"Score.values must be a tensor, got {type(score.values).__name__}")
+    elif isinstance(result, torch.Tensor):
+        score = Score(result, granularity)
+    else:
+        raise BatchFieldError(who, "score",
+                              f"score() must return a Score or a tensor, got {type(result).__name__}")
+    values = score.values
+    if values.dtype == torch.bool or values.is_complex():
+        raise BatchFieldError(who, "score", f"expected a float or integer tensor, got {values.dtype}")
+    rows = len(batch)
+    shape = tuple(values.shape)
+    if granularity == "token":
+        mask = batch.fields.get("response_mask")
+        width = mask.shape[-1] if mask is not None and mask.dim() == 2 else None
+        ok = len(shape) == 2 and shape[0] == rows and (width is None or shape[1] == width)
+        expected = f"({rows}, {width if width is not None else 'T'}) (one value per response token)"
+    elif granularity == "domain":
+        ok = shape == (len(batch.domain_names),)
+        expected = f"({len(batch.domain_names)},) (one value per domain of {batch.domain_names})"
+    else:
+        ok = shape == (rows,)
+        expected = f"({rows},) (one value per row)"
+    if not ok:
+        raise BatchFieldError(who, "score", f"{granularity}-level scores must have shape {expected}, got {shape}")
+    for name in ("counts", "totals"):
+        extra = getattr(score, name)
+        if extra is not None and (not isinstance(extra, torch.Tensor) or tuple(extra.shape) != (rows,)):
+            got = tuple(extra.shape) if isinstance(extra, torch.Tensor) else type(extra).__name__
+            raise BatchFieldError(who, f"score.{name}", f"expected a tensor of shape ({rows},), got {got}")
+    return score
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and all(
+        isinstance(v, str) for v in value)
+
+
+def class_attribute_problems(cls: type[Component]) -> list[str]:
+    """Invalid class-level declarations of a component class, each as ``"Class.attr = value: why"``.
+
+    The bus wires and validates methods from these attributes, so a typo (``timing = "after_lunch"``)
+    must be refused when the class is loaded, not surface later as a traceback inside a training step.
+    """
+    problems: list[str] = []
+
+    def bad(attr: str, value: Any, why: str) -> None:
+        problems.append(f"{cls.__name__}.{attr} = {value!r}: {why}")
+
+    def one_of(attr: str, allowed: Sequence[str]) -> None:
+        value = getattr(cls, attr, None)
+        if not isinstance(value, str) or value not in allowed:
+            bad(attr, value, f"expected one of {', '.join(allowed)}")
+
+    params = getattr(cls, "params", None)
+    if not isinstance(params, Mapping):
+        bad("params", params, "expected a mapping of parameter name to Param(...)")
+    else:
+        for key, spec in params.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                problems.append(f"{cls.__name__}.params: key {key!r} is not a Python identifier")
+            elif not isinstance(spec, Param):
+                bad(f"params[{key!r}]", spec, "expected a Param(...) declaration")
+            elif not all(isinstance(t, type) for t in (spec.type if isinstance(spec.type, tuple) else (spec.type,))):
+                bad(f"params[{key!r}].type", spec.type, "expected a type or a tuple of types")
+            elif not spec.required and (issue := spec.coerce(key, spec.default)[1]) is not None:
+                bad(f"params[{key!r}].default", spec.default, f"the default breaks its own declaration: "
+                    f"{issue.message}")
+    requires = getattr(cls, "requires", ())
+    if not _is_names(requires):
+        bad("requires", requires, "expected a sequence of batch field names, e.g. ('rm_scores',)")
+    if not isinstance(getattr(cls, "needs_groups", False), bool):
+        bad("needs_groups", cls.needs_groups, "expected True or False")
+    if getattr(cls, "kind", "") == "scorer":
+        one_of("timing", list(TIMINGS))
+        one_of("granularity", GRANULARITIES)
+    else:
+        one_of("min_timing", list(TIMINGS))
+        accepts = getattr(cls, "accepts", None)
+        if not _is_names(accepts) or not accepts or any(g not in GRANULARITIES for g in accepts):
+            bad("accepts", accepts, f"expected a non-empty sequence of granularities from "
+                f"{', '.join(GRANULARITIES)}")
+        intended = getattr(cls, "intended_scorers", ())
+        if not _is_names(intended):
+            bad("intended_scorers", intended, "expected a sequence of scorer names")
+        for flag in ("rewrites_advantages", "filters_zero_variance"):
+            if not isinstance(getattr(cls, flag, False), bool):
+                bad(flag, getattr(cls, flag), "expected True or False")
+    return problems
 
 
 # ---------------------------------------------------------------------------- in-process registration

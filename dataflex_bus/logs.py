@@ -1,5 +1,10 @@
-"""structlog set-up: human console lines by default, JSON lines with ``--log-json`` or
-``DATAFLEX_LOG_FORMAT=json``. Imported only by commands that log (structlog costs ~0.1 s to import)."""
+"""Logging. The library configures nothing: it logs through the standard-library logger
+``dataflex_bus`` (via structlog's stdlib integration, so key-value context travels as ``extra``), and
+whatever handlers the application set up decide where it goes; inside verl, that is verl's logging.
+
+Only an application configures output: the ``dataflex`` command line calls :func:`configure` (human
+console lines by default, JSON lines with ``--log-json`` or ``DATAFLEX_LOG_FORMAT=json``).
+"""
 
 from __future__ import annotations
 
@@ -8,49 +13,37 @@ import os
 import sys
 from typing import Any
 
-_CONFIGURED: str | None = None
+LOGGER = "dataflex_bus"
+_HANDLER_MARK = "_dataflex_cli"
+
+
+def get_logger(name: str = LOGGER) -> Any:
+    """A structlog logger writing through the standard-library logger ``name``; configures nothing."""
+    import structlog
+
+    return structlog.wrap_logger(
+        logging.getLogger(name),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[structlog.stdlib.filter_by_level, structlog.stdlib.render_to_log_kwargs],
+    )
 
 
 def configure(json: bool | None = None, level: int = logging.INFO) -> None:
-    """Route structlog and the stdlib ``dataflex_bus`` logger to stderr in one format."""
-    global _CONFIGURED
+    """Route the ``dataflex_bus`` logger to stderr in one format (for the command line only)."""
     import structlog
 
     if json is None:
         json = os.environ.get("DATAFLEX_LOG_FORMAT", "").lower() == "json"
-    fmt = "json" if json else "console"
-    if _CONFIGURED == fmt:
-        return
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    shared = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        cache_logger_on_first_use=False,
-    )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-        foreign_pre_chain=shared,
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                           structlog.stdlib.ExtraAdder()],
     ))
-    root = logging.getLogger("dataflex_bus")
-    # Replace only our own handler (a reconfigure to JSON), never handlers others attached.
-    root.handlers = [h for h in root.handlers if not getattr(h, "_dataflex", False)] + [handler]
-    handler._dataflex = True  # type: ignore[attr-defined]
-    root.setLevel(level)
-    root.propagate = False
-    _CONFIGURED = fmt
-
-
-def get_logger(name: str = "dataflex_bus") -> Any:
-    """A structlog logger writing through the configured handler."""
-    import structlog
-
-    if _CONFIGURED is None:
-        configure()
-    return structlog.get_logger(name)
+    setattr(handler, _HANDLER_MARK, True)
+    logger = logging.getLogger(LOGGER)
+    # Replace only the handler this function added before (a switch to JSON), never others'.
+    logger.handlers = [h for h in logger.handlers if not getattr(h, _HANDLER_MARK, False)] + [handler]
+    logger.setLevel(level)
+    logger.propagate = False

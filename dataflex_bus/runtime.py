@@ -1,73 +1,274 @@
-"""What a host loop holds for one run: the plugin set, the configured pipeline and the event bus.
+"""What a host loop talks to for one run: the plugin set, the configured pipeline and the event bus.
 
-The CPU shim and the verl trainer both build a :class:`Runtime` from the ``dataflex`` config block, so
-the same plugin code runs in both places.
+The CPU shim and the verl trainer both build a :class:`Runtime` from the ``dataflex`` config block and
+use only this class and :mod:`dataflex_bus.decision`: they emit events, carry out the decisions, ask which
+fields to provide at each event and which domain probabilities to sample the next prompts from, and save
+the runtime's state with their checkpoints. So the same plugin code runs in both places.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
+from .block import DataflexConfig
 from .bus import EventBus
+from .decision import Decision
 from .discovery import PluginSet, get_plugins
-from .pipeline import Decision, Pipeline, build_pipeline
+from .errors import ConfigError, ConfigIssue
+from .hookspecs import EVENTS
+from .pipeline import Pipeline, build_pipeline
+from .validation import EVENT_FIELDS
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from .batch import Batch
+    from .block import RefillConfig
+    from .history import PromptHistory, PromptTable, VisitClasses
+
+log = logging.getLogger("dataflex_bus")
 
 
 class Runtime:
-    """Plugins + pipeline + bus. ``dataflex`` may be ``None`` (plain GRPO: events still reach observers)."""
+    """Plugins + pipeline + bus. ``dataflex`` is the block (a mapping, or the config :func:`validate`
+    returned, which is then not validated again) or ``None`` for plain GRPO: events still reach
+    observers."""
 
-    def __init__(self, dataflex: Mapping[str, Any] | None, *, context: Mapping[str, Any] | None = None,
-                 plugins: PluginSet | None = None) -> None:
+    def __init__(self, dataflex: DataflexConfig | Mapping[str, Any] | None, *,
+                 context: Mapping[str, Any] | None = None, plugins: PluginSet | None = None) -> None:
         self.plugins = plugins if plugins is not None else get_plugins()
         self.pipeline: Pipeline | None = (
             build_pipeline(dataflex, self.plugins.registry(), context=context) if dataflex else None
         )
         self.bus = EventBus(self.plugins)
         if self.pipeline is not None:
-            self.bus.add_participant(self.pipeline, self.pipeline_name)
+            self.bus.add_participant(self.pipeline, self.name)
+        self._fields = {event: self._wanted_fields(event) for event in EVENTS}
+        for warning in self.pipeline.config.warnings if self.pipeline is not None else ():
+            log.warning("dataflex: %s", warning)
+        self.prompt_table: PromptTable | None = None
+        self.history: PromptHistory | None = None
         from .logs import get_logger
 
-        # Every run records which plugins (name==version) and which resolved method it ran with.
-        get_logger().info("dataflex.runtime", **self.record())
+        # One short line; the full provenance goes to the host's run record (record()).
+        get_logger().info("dataflex.runtime", methods=self.describe(), plugins=self.plugins.pins())
 
+    # -------------------------------------------------------------- what the run is
     @property
-    def pipeline_name(self) -> str:
+    def name(self) -> str:
+        """The pipeline's name on the bus: ``scorer+actuator`` provenance per method, ``none`` without."""
         if self.pipeline is None:
             return "none"
-        p = self.pipeline.provenance
-        return f"{p.get('scorer', self.pipeline.scorer.name)}+{p.get('actuator', self.pipeline.actuator.name)}"
+        return ",".join(f"{m.provenance.get('scorer', m.scorer.name)}+{m.provenance.get('actuator', m.actuator.name)}"
+                        for m in self.pipeline.methods)
 
     @property
-    def mechanism(self) -> str | None:
-        return self.pipeline.config.mechanism if self.pipeline else None
+    def mechanisms(self) -> frozenset[str]:
+        """The mechanisms of the configured methods (empty for plain GRPO)."""
+        if self.pipeline is None:
+            return frozenset()
+        return frozenset(m.config.mechanism for m in self.pipeline.methods)
+
+    @property
+    def mixes(self) -> bool:
+        """True when a method samples the next prompts by domain."""
+        return self.pipeline is not None and self.pipeline.mixer is not None
+
+    @property
+    def domain_key(self) -> str:
+        return self.pipeline.config.domain_key if self.pipeline is not None else "data_source"
+
+    @property
+    def configured_domains(self) -> list[str] | None:
+        return self.pipeline.config.domains if self.pipeline is not None else None
+
+    def describe(self) -> list[str]:
+        """One line per method: ``name: scorer+actuator @ event``."""
+        if self.pipeline is None:
+            return []
+        return [f"{m.name}: {m.scorer.name}+{m.actuator.name} @ {m.event}" for m in self.pipeline.methods]
+
+    @property
+    def selects_prompts(self) -> bool:
+        """True when a method selects prompts before generation (acts at ``on_prompts``)."""
+        return self.pipeline is not None and bool(self.pipeline.at("on_prompts"))
+
+    @property
+    def keeps_history(self) -> bool:
+        """True when a component of the block reads the per-prompt history."""
+        return self.pipeline is not None and any(
+            c.uses_history for m in self.pipeline.methods for c in (m.scorer, m.actuator))
+
+    @property
+    def needs_prompt_ids(self) -> bool:
+        """True when the host must give stable prompt ids (:meth:`set_prompts`, ``prompt_index``)."""
+        return self.selects_prompts or self.keeps_history
+
+    @property
+    def max_oversample(self) -> float:
+        """Candidates considered per prompt needed, at most, when selecting prompts (``dataflex.max_oversample``)."""
+        return self.pipeline.config.max_oversample if self.pipeline is not None else 1.0
+
+    @property
+    def refill(self) -> RefillConfig | None:
+        """``dataflex.refill``: generate more prompts until the on_rollout selection keeps a full batch."""
+        return self.pipeline.config.refill if self.pipeline is not None else None
+
+    @property
+    def prompt_policy(self) -> str:
+        """What a prompt selection short of candidates does (``on_empty`` of the methods at ``on_prompts``;
+        ``error`` if any says so)."""
+        policies = {m.config.on_empty for m in self.pipeline.at("on_prompts")} if self.pipeline else set()
+        return "error" if "error" in policies else "skip"
+
+    def drops_rows_at(self, event: str) -> bool:
+        """True when a method acting at ``event`` may drop rows: a selection, or ``on_nonfinite=drop``."""
+        return self.pipeline is not None and any(
+            m.config.mechanism == "select" or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
+
+    def filters_zero_variance(self) -> bool:
+        """True when a selector drops zero-variance groups (what verl's ``algorithm.filter_groups`` does)."""
+        return self.pipeline is not None and any(
+            getattr(m.actuator, "filters_zero_variance", False) for m in self.pipeline.methods)
+
+    # -------------------------------------------------------------- events
+    def fields(self, event: str) -> frozenset[str]:
+        """Batch fields the methods acting at ``event`` require and observers asked for (row labels and
+        fields the host cannot provide at that event left out)."""
+        return self._fields[event]
+
+    def _wanted_fields(self, event: str) -> frozenset[str]:
+        wanted: set[str] = set()
+        if self.pipeline is not None:
+            for m in self.pipeline.at(event):
+                wanted |= {*m.scorer.requires, *getattr(m.actuator, "requires", ())}
+        hook = self.plugins.pm.hook.dataflex_fields
+        for impl in hook.get_hookimpls():
+            try:
+                named = cast(Iterable[str], impl.function(event=event) or ())
+                wanted |= {str(f) for f in named}
+            except Exception:
+                log.exception("dataflex: plugin %r failed in dataflex_fields(%r); its fields are not fetched",
+                              impl.plugin_name, event)
+        return frozenset(wanted & EVENT_FIELDS[event]) - {"uid", "data_source"}
+
+    def listens(self, event: str) -> bool:
+        """True when a method acts at ``event`` or an observer implements it: a host may skip preparing a
+        batch for an event nobody hears."""
+        if self.pipeline is not None and self.pipeline.at(event):
+            return True
+        if event == "on_step_end" and self.history is not None:
+            return True  # the step's counts in the prompt history close there
+        return any(impl.plugin_name.startswith("observer:")
+                   for impl in getattr(self.bus.pm.hook, event).get_hookimpls())
 
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
-        return self.bus.emit(event, batch, step)
+        """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
+        step's counts in the prompt history."""
+        decision = self.bus.emit(event, batch, step)
+        if event == "on_step_end" and self.history is not None:
+            self.history.end_step(step)
+        return decision
 
+    # -------------------------------------------------------------- prompts and their history
+    def set_prompts(self, table: PromptTable) -> None:
+        """Tell the runtime the dataset's prompts (stable ids); starts the history when one is kept."""
+        from .history import PromptHistory
+
+        self.prompt_table = table
+        if self.keeps_history:
+            self.history = PromptHistory(table, self._visit_classes())
+
+    def _visit_classes(self) -> VisitClasses | None:
+        assert self.pipeline is not None
+        for m in self.pipeline.methods:
+            for component in (m.scorer, m.actuator):
+                wanted = component.visit_classes() if component.uses_history else None
+                if wanted is not None:
+                    return wanted
+        return None
+
+    def prompt_candidates(self, domain_ids: Tensor, rows: Tensor, domain_names: Sequence[str]) -> Batch:
+        """The ``on_prompts`` batch for candidates ``(domain_ids, rows)`` (ids into ``domain_names``, the
+        prompt table's domains): one row and group per candidate, ``prompt_index`` and the history."""
+        import torch
+
+        from .batch import Batch
+
+        if self.prompt_table is None:
+            raise ConfigError(ConfigIssue("dataflex", "the host selects prompts but never gave the runtime its "
+                                          "prompt table (Runtime.set_prompts)"))
+        index = self.prompt_table.lookup(domain_ids, rows)
+        fields = {"prompt_index": index}
+        if self.history is not None:
+            fields.update(self.history.fields(index))  # the epoch before this draw
+            self.history.consider(len(index))
+        n = len(index)
+        return Batch.from_tensors(uid=torch.arange(n), domains=domain_ids, domain_names=list(domain_names),
+                                  is_padding=torch.zeros(n, dtype=torch.bool), **fields)
+
+    def record_rollouts(self, batch: Batch, step: int) -> dict[str, float]:
+        """Add every rolled-out group of ``batch`` (with ``prompt_index`` per row) to the prompt history,
+        before any selection; returns ``dataflex/history/...`` metrics. No-op without a history."""
+        if self.history is None:
+            return {}
+        return {f"dataflex/{k}": v for k, v in self.history.record(batch, step).items()}
+
+    # -------------------------------------------------------------- mix
+    def set_domains(self, domains: Sequence[str]) -> None:
+        """Tell the mixer the domains the host samples from, in the sampler's order."""
+        if self.pipeline is not None:
+            self.pipeline.set_domains(domains)
+
+    @property
+    def domain_probs(self) -> dict[str, float] | None:
+        """The domain probabilities last published (uniform after :meth:`set_domains`); ``None``
+        without a mixer."""
+        return self.pipeline.domain_probabilities() if self.pipeline is not None else None
+
+    # -------------------------------------------------------------- provenance and state
     def record(self) -> dict[str, Any]:
         """Provenance written with every run: active plugins (``name==version``) and the resolved block."""
+        pipeline = self.pipeline
         return {
             "plugins": self.plugins.pins(),
             "failed_plugins": [{"name": r.name, "distribution": r.distribution, "error": r.error}
                                for r in self.plugins.failed],
-            "dataflex": self.pipeline.config.to_dict() if self.pipeline else None,
-            "components": dict(self.pipeline.provenance) if self.pipeline else {},
-            "pipeline_event": self.pipeline.event if self.pipeline else None,
+            "dataflex": pipeline.config.to_dict() if pipeline else None,
+            "methods": [{"name": m.name, "mechanism": m.config.mechanism, "event": m.event,
+                         "components": dict(m.provenance), "versions": self._versions(m.provenance)}
+                        for m in pipeline.methods] if pipeline else [],
         }
 
+    def _versions(self, provenance: Mapping[str, str]) -> dict[str, str]:
+        """``slot -> dist==version`` of the plugin providing each component."""
+        pins = {}
+        for record in self.plugins.active:
+            for spec in record.components:
+                pins[spec.qualified_name] = record.pin
+        return {slot: pins.get(name, "local") for slot, name in provenance.items()}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline.state_dict() if self.pipeline else None}
+        out: dict[str, Any] = {"pipeline": self.pipeline.state_dict() if self.pipeline else None}
+        if self.history is not None:
+            out["history"] = self.history.state_dict()
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("pipeline")
         if (saved is None) != (self.pipeline is None):
-            from .errors import ConfigError, ConfigIssue
-
             raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a dataflex "
                                           "method is configured"))
         if self.pipeline is not None and saved is not None:
             self.pipeline.load_state_dict(saved)
+        history = state.get("history")
+        if self.keeps_history and self.history is None:
+            raise ConfigError(ConfigIssue("dataflex", "the host restores a prompt history before giving the "
+                                          "runtime its prompt table (Runtime.set_prompts)"))
+        if (history is None) != (self.history is None):
+            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a per-prompt "
+                                          "history is kept"))
+        if self.history is not None and history is not None:
+            self.history.load_state_dict(history)

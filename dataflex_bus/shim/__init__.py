@@ -9,6 +9,7 @@ Public API: :func:`run_training` -> :class:`RunResult`.
 
 from __future__ import annotations
 
-from .trainer import CheckpointError, RunDirError, RunResult, run_training
+from .files import CheckpointError, RunDirError
+from .run import RunResult, run_training
 
 __all__ = ["CheckpointError", "RunDirError", "RunResult", "run_training"]

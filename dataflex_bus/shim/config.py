@@ -1,8 +1,8 @@
 """The shim's run config: ``trainer``, ``model``, ``data`` sections plus the optional ``dataflex`` block.
 
 Every key is declared with a :class:`~dataflex_bus.Param`, so an unknown key or a bad value fails before
-anything trains, with the key and the allowed values in the message. The ``dataflex`` block is checked
-by the foundation when the :class:`~dataflex_bus.Runtime` is built.
+anything trains, with the key and the allowed values in the message. :func:`prepare` checks these sections
+and the ``dataflex`` block together and reports every problem at once.
 
 .. code-block:: yaml
 
@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..components import Param
+from ..block import DataflexConfig
 from ..errors import ConfigError, ConfigIssue
+from ..schema import Param, check_section, unknown_key
+from ..validation import validate
 from .split import heldout_issues
 from .tasks import TASKS
 
@@ -39,6 +42,10 @@ TRAINER: dict[str, Param] = {
     "eval_every": Param(int, 25, low=0, doc="exact greedy accuracy on every held-out prompt at step 0 and every "
                         "N steps (0: never)"),
     "threads": Param(int, 1, low=1, doc="torch CPU threads during the run"),
+    "generation_cost": Param(float, 4.0, low=0.0,
+                             doc="cost of generating one token relative to training on one token, for "
+                                 "compute/modelled_cost (LLM RL: generation dominates; the shim's own wall "
+                                 "times do not)"),
 }
 MODEL: dict[str, Param] = {
     "seed": Param(int, 0, low=0, doc="seed of the base policy (initialisation and warm start), which stays "
@@ -48,35 +55,16 @@ MODEL: dict[str, Param] = {
     "pretrain_steps": Param(int, 500, low=0, doc="supervised warm start on noisy answers (0: cold start)"),
     "pretrain_batch": Param(int, 128, low=1, doc="prompts per warm-start step"),
 }
+DEFAULT_DOMAINS = ["copy", "sort", "reverse", "random"]
 DATA: dict[str, Param] = {
+    "domains": Param(list, DEFAULT_DOMAINS, item=str, choices=tuple(sorted(TASKS)), unique=True, nonempty=True,
+                     doc="task names to train on, in the sampler's order"),
     "seed": Param(int, 0, low=0, doc="seed of the train/held-out split"),
     "heldout": Param(int, 600, low=1, doc="held-out prompts per domain (spread over its levels), never trained on"),
 }
-DATA_KEYS = ("domains", *DATA)
-DEFAULT_DOMAINS = ["copy", "sort", "reverse", "random"]
 SECTIONS = ("trainer", "model", "data", "dataflex")
 #: Keys that may change between a checkpoint and its resume (they do not change what a step computes).
 RESUMABLE = ("trainer.steps", "trainer.save_every")
-
-
-def _section(raw: Any, key: str, spec: Mapping[str, Param], issues: list[ConfigIssue]) -> dict[str, Any]:
-    raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
-        issues.append(ConfigIssue(key, f"expected a mapping, got {type(raw).__name__}"))
-        return {name: p.default for name, p in spec.items()}
-    out: dict[str, Any] = {}
-    for name in raw:
-        if name not in spec:
-            issues.append(ConfigIssue(f"{key}.{name}", "unknown key", sorted(spec)))
-    for name, p in spec.items():
-        if name in raw:
-            value, issue = p.coerce(f"{key}.{name}", raw[name])
-            if issue:
-                issues.append(issue)
-            out[name] = value
-        else:
-            out[name] = p.default
-    return out
 
 
 def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,45 +73,75 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     Raises :class:`ConfigError` listing every problem (unknown keys with the allowed ones, bad values).
     """
     issues: list[ConfigIssue] = []
-    if not isinstance(config, Mapping):
-        raise ConfigError(ConfigIssue("<config>", f"expected a mapping, got {type(config).__name__}"))
-    for key in config:
-        if key not in SECTIONS:
-            issues.append(ConfigIssue(str(key), "unknown key", SECTIONS))
-    trainer = _section(config.get("trainer"), "trainer", TRAINER, issues)
-    model = _section(config.get("model"), "model", MODEL, issues)
-    data_raw = config.get("data") or {}
-    domains = list(DEFAULT_DOMAINS)
-    data = {name: p.default for name, p in DATA.items()}
-    if not isinstance(data_raw, Mapping):
-        issues.append(ConfigIssue("data", f"expected a mapping, got {type(data_raw).__name__}"))
-    else:
-        for name in data_raw:
-            if name not in DATA_KEYS:
-                issues.append(ConfigIssue(f"data.{name}", "unknown key", DATA_KEYS))
-        for name, p in DATA.items():
-            if name in data_raw:
-                data[name], issue = p.coerce(f"data.{name}", data_raw[name])
-                if issue:
-                    issues.append(issue)
-        given = data_raw.get("domains", domains)
-        if not isinstance(given, list) or not given or not all(isinstance(d, str) for d in given):
-            issues.append(ConfigIssue("data.domains", f"expected a non-empty list of task names, got {given!r}",
-                                      sorted(TASKS)))
-        else:
-            for d in given:
-                if d not in TASKS:
-                    issues.append(ConfigIssue("data.domains", f"unknown task {d!r}", sorted(TASKS)))
-            if len(set(given)) != len(given):
-                issues.append(ConfigIssue("data.domains", f"domains must be distinct, got {given!r}"))
-            domains = list(given)
-            if not issues:
-                issues += heldout_issues(domains, data["heldout"])
-    block = config.get("dataflex")
+    resolved = _resolve_sections(config, issues)
     if issues:
         raise ConfigError(issues)
-    return {"trainer": trainer, "model": model, "data": {"domains": domains, **data},
+    return resolved
+
+
+def _resolve_sections(config: Any, issues: list[ConfigIssue]) -> dict[str, Any]:
+    if not isinstance(config, Mapping):
+        issues.append(ConfigIssue("<config>", f"expected a mapping, got {type(config).__name__}"))
+        config = {}
+    for key in config:
+        if key not in SECTIONS:
+            issues.append(unknown_key(str(key), str(key), SECTIONS))
+    block = config.get("dataflex")
+    trainer = check_section(config.get("trainer"), TRAINER, "trainer", issues)
+    model = check_section(config.get("model"), MODEL, "model", issues)
+    data = check_section(config.get("data"), DATA, "data", issues)
+    # Whether the held-out prompts fit the domains' levels is only known once both keys are valid.
+    if not any(i.key in ("data.domains", "data.heldout") for i in issues):
+        issues.extend(heldout_issues(data["domains"], data["heldout"]))
+    return {"trainer": trainer, "model": model, "data": data,
             "dataflex": copy.deepcopy(block) if block else None}
+
+
+def host_context(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """What the foundation checks a method against: GRPO with ``group_size`` responses per prompt."""
+    return {"adv_estimator": "grpo", "rollout_n": resolved["trainer"]["group_size"]}
+
+
+@dataclass
+class RunConfig:
+    """A checked run config: the resolved shim sections (and the raw ``dataflex`` block under
+    ``"dataflex"``) and the validated method block (``None``: plain GRPO)."""
+
+    resolved: dict[str, Any]
+    method: DataflexConfig | None
+
+
+def prepare(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None,
+            seed: int | None = None) -> RunConfig:
+    """Apply the ``steps``/``seed`` overrides, check the shim sections and validate the ``dataflex``
+    block against the installed plugins, reporting every problem of every section at once."""
+    if isinstance(config, RunConfig):
+        if steps is None and seed is None:
+            return config
+        config = config.resolved
+    raw = dict(config) if isinstance(config, Mapping) else config
+    if isinstance(raw, dict) and (steps is not None or seed is not None):
+        trainer = raw.get("trainer")
+        if trainer is None or isinstance(trainer, Mapping):
+            trainer = dict(trainer or {})
+            if steps is not None:
+                trainer["steps"] = steps
+            if seed is not None:
+                trainer["seed"] = seed
+            raw["trainer"] = trainer
+    issues: list[ConfigIssue] = []
+    resolved = _resolve_sections(raw, issues)
+    method = None
+    if resolved["dataflex"]:
+        # The group size is only known when trainer.group_size itself was valid.
+        context = {} if any(i.key == "trainer.group_size" for i in issues) else host_context(resolved)
+        try:
+            method = validate(resolved["dataflex"], context=context)
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+    if issues:
+        raise ConfigError(issues)
+    return RunConfig(resolved, method)
 
 
 def fingerprint(resolved: Mapping[str, Any]) -> dict[str, Any]:

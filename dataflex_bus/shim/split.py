@@ -102,6 +102,12 @@ class Split:
         self.offset = torch.cumsum(self.train_sizes + 1, 0) - (self.train_sizes + 1)
         self.held_before = torch.cumsum(self.held, 0) - self.held
         self.keys = torch.cat([self.offset[c] + p - torch.arange(len(p)) for c, p in enumerate(picks)])
+        # For train_rows: held-out numbers offset by their cell's start in one numbering of all cells (sorted),
+        # and each cell's first row among its domain's training prompts.
+        self.size_offset = torch.cumsum(self.sizes, 0) - self.sizes
+        self.heldout_keys = torch.cat([self.size_offset[c] + p for c, p in enumerate(picks)])
+        before = torch.cumsum(self.train_sizes, 0) - self.train_sizes
+        self.level_offset = before - before[self.first_cell[self.cell_domain]]
         #: Cell and number of every held-out prompt, cell by cell, in increasing number.
         self.heldout_cells = torch.repeat_interleave(torch.arange(len(picks)), self.held)
         self.heldout_index = torch.cat(picks)
@@ -111,6 +117,20 @@ class Split:
                                      digits_of(self.heldout_index, self.lengths[cells]), self.names,
                                      torch.Generator().manual_seed(seed))
         self.learnable = torch.tensor([TASKS[n].learnable for n in self.names])
+
+    def train_rows(self, prompts: Prompts) -> Tensor:
+        """Each training prompt's row among its domain's training prompts (levels in order, then numbers in
+        increasing order): a stable prompt id, the inverse of :meth:`draw`'s rank. Not for held-out prompts."""
+        cells = self.first_cell[prompts.domains] + prompts.levels
+        pos = torch.arange(prompts.digits.shape[1])[None, :]
+        exponent = (prompts.lengths[:, None] - 1 - pos).clamp_min(0)
+        number = torch.where(pos < prompts.lengths[:, None], prompts.digits * DIGITS**exponent, 0).sum(-1)
+        held_below = torch.searchsorted(self.heldout_keys, self.size_offset[cells] + number) - self.held_before[cells]
+        return self.level_offset[cells] + number - held_below
+
+    def domain_train_sizes(self) -> list[int]:
+        """Number of training prompts of each domain, in the names' order."""
+        return segment_sum(self.train_sizes, self.cell_domain, len(self.names)).tolist()
 
     def train_index(self, cells: Tensor, rank: Tensor) -> Tensor:
         """The number of the ``rank``-th training prompt (``0 <= rank < train_sizes[cell]``) of each cell."""

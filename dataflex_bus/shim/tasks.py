@@ -19,7 +19,7 @@ making the right answer the policy's first choice, on prompts it has never train
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -162,10 +162,21 @@ class Prompts:
     lengths: Tensor
     targets: Tensor
 
+    def _fields(self) -> tuple[Tensor, ...]:
+        return self.tokens, self.domains, self.levels, self.digits, self.lengths, self.targets
+
     def repeat(self, n: int) -> Prompts:
         """Each prompt ``n`` times in a row (a GRPO group is contiguous)."""
-        return Prompts(*(x.repeat_interleave(n, 0) for x in (self.tokens, self.domains, self.levels,
-                                                               self.digits, self.lengths, self.targets)))
+        return Prompts(*(x.repeat_interleave(n, 0) for x in self._fields()))
+
+    def take(self, rows: Tensor) -> Prompts:
+        """The prompts at ``rows`` (indices or a boolean mask), in that order."""
+        return Prompts(*(x[rows] for x in self._fields()))
+
+    @staticmethod
+    def cat(parts: Sequence[Prompts]) -> Prompts:
+        """Several draws as one, in order."""
+        return Prompts(*(torch.cat(columns) for columns in zip(*(p._fields() for p in parts))))
 
 
 def _apply(rules: list[Rule | None], domains: Tensor, digits: Tensor, lengths: Tensor, fallback: Tensor) -> Tensor:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from ..components import GRANULARITIES, TIMINGS, Component, Mixer, Reweighter, Score, Scorer, Selector
-from .factories import make_batch
+from .factories import make_batch, make_prompt_batch
 
 if TYPE_CHECKING:
     from ..batch import Batch
@@ -31,7 +31,10 @@ def _default_batch() -> Batch:
     return make_batch(groups=6, group_size=4, mixed_group_sizes=True, padding_rows=2, domains=2, seed=7)
 
 
-def _instance(component: Component | type[Component]) -> Any:
+C = TypeVar("C", bound=Component)
+
+
+def _instance(component: C | type[C]) -> C:
     return component() if isinstance(component, type) else component
 
 
@@ -62,15 +65,15 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
     assert scorer.granularity in GRANULARITIES, (
         f"{who}: granularity {scorer.granularity!r} is not one of {list(GRANULARITIES)}")
     assert all(isinstance(f, str) for f in scorer.requires), f"{who}: requires must list field names"
-    batch = batch if batch is not None else _default_batch()
+    if batch is None:
+        batch = make_prompt_batch() if scorer.timing == "pre_rollout" else _default_batch()
     batch.require(who, scorer.requires)
-    event = TIMINGS[scorer.timing]
-    score = scorer.score(batch, step, event=event)
-    assert isinstance(score, Score), f"{who}: score() must return a Score, got {type(score).__name__}"
+    score = _wrap(scorer, scorer.score(batch, step))
     assert score.granularity == scorer.granularity, (
         f"{who}: declared granularity {scorer.granularity!r} but returned {score.granularity!r}")
     values = score.values
-    B, T = batch.token_mask.shape
+    B = len(batch)
+    T = batch.token_mask.shape[1] if score.granularity == "token" else 0
     expected = {"prompt": (B,), "response": (B,), "token": (B, T), "domain": (len(batch.domain_names),)}
     assert tuple(values.shape) == expected[score.granularity], (
         f"{who}: {score.granularity}-level values must have shape {expected[score.granularity]}, "
@@ -92,16 +95,25 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
         extra = getattr(score, name)
         if extra is not None:
             assert extra.shape[0] == B, f"{who}: Score.{name} must have one entry per row"
-    again = scorer.score(batch, step, event=event)
+    again = _wrap(scorer, scorer.score(batch, step))
     assert torch.equal(torch.nan_to_num(again.values.double()), torch.nan_to_num(values.double())), (
         f"{who}: two calls on the same batch disagree (scores must be deterministic)")
     if bool(batch.is_padding.any()) and score.granularity != "domain":
         bare = batch.select(batch.valid_rows)
-        trimmed = scorer.score(bare, step, event=event).values
+        trimmed = _wrap(scorer, scorer.score(bare, step)).values
         ours = values[batch.valid_rows]
         assert torch.allclose(trimmed.double(), ours.double(), equal_nan=True), (
             f"{who}: padding rows changed the scores of real rows (padding must be excluded)")
     return score
+
+
+def _wrap(scorer: Scorer, result: Any) -> Score:
+    """A plain tensor is a valid return value (values at the declared granularity); the checks that
+    follow assert its shape."""
+    who = _label(scorer)
+    assert isinstance(result, (Score, torch.Tensor)), (
+        f"{who}: score() must return a Score or a tensor, got {type(result).__name__}")
+    return result if isinstance(result, Score) else Score(result, scorer.granularity)
 
 
 def _score_for(scorer: Scorer | Score | None, batch: Batch, step: int) -> Score:
@@ -110,7 +122,7 @@ def _score_for(scorer: Scorer | Score | None, batch: Batch, step: int) -> Score:
     if scorer is None:
         return Score(batch.rewards, "response")
     scorer = _instance(scorer)
-    return scorer.score(batch, step, event=TIMINGS[scorer.timing])
+    return _wrap(scorer, scorer.score(batch, step))
 
 
 def check_selector(selector: Selector | type[Selector], batch: Batch | None = None,
@@ -219,7 +231,7 @@ def assert_state_roundtrip(component: Component, twin: Component | None = None) 
     state = component.state_dict()
     if twin is None:
         twin = type(component)(**component.config)
-        if isinstance(component, Mixer) and getattr(component, "domains", None) is not None:
+        if isinstance(component, Mixer) and isinstance(twin, Mixer) and getattr(component, "domains", None) is not None:
             twin.set_domains(component.domains)
     twin.load_state_dict(copy.deepcopy(state))
     assert _same(twin.state_dict(), state), (

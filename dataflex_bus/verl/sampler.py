@@ -52,14 +52,6 @@ class DomainSampler:
     def _shuffle(self, pool: Tensor) -> Tensor:
         return pool[torch.randperm(pool.numel(), generator=self.generator)]
 
-    def _probs(self, probabilities: Mapping[str, float] | None) -> Tensor:
-        if probabilities is None:
-            return torch.full((len(self.domains),), 1.0 / len(self.domains), dtype=torch.float64)
-        p = torch.tensor([float(probabilities.get(d, 0.0)) for d in self.domains], dtype=torch.float64)
-        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or float(p.sum()) <= 0:
-            raise ValueError(f"dataflex mix: invalid domain probabilities {dict(probabilities)}")
-        return p / p.sum()
-
     def _take(self, d: int, count: int) -> Tensor:
         """The next ``count`` rows of domain ``d``'s walk (reshuffling the pool when it runs out)."""
         out = []
@@ -75,13 +67,11 @@ class DomainSampler:
                 self.epochs[d] += 1
         return torch.cat(out) if out else torch.empty(0, dtype=torch.long)
 
-    def draw(self, n: int, probabilities: Mapping[str, float] | None) -> tuple[Tensor, Tensor]:
-        """``n`` dataset row indices and their domain ids, domains drawn i.i.d. from ``probabilities``.
-
-        ``probabilities`` maps domain -> probability (``None``: uniform over domains).
+    def draw(self, n: int, probabilities: Tensor) -> tuple[Tensor, Tensor]:
+        """``n`` dataset row indices and their domain ids, domains drawn i.i.d. from ``probabilities``
+        (float ``[D]`` aligned with :attr:`domains`, see :func:`dataflex_bus.decision.sampling_probabilities`).
         """
-        p = self._probs(probabilities)
-        picks = torch.multinomial(p, n, replacement=True, generator=self.generator)
+        picks = torch.multinomial(probabilities, n, replacement=True, generator=self.generator)
         rows = torch.empty(n, dtype=torch.long)
         counts = torch.bincount(picks, minlength=len(self.domains)).tolist()
         for d, count in enumerate(counts):  # one slice per domain (D is small), never per row

@@ -50,7 +50,7 @@ def test_observers_run_after_participants_and_are_isolated(toys, caplog):
     # A per-row band splits groups, so it acts after the advantage, not at on_rollout.
     assert runtime.pipeline.event == "on_advantage"
     with caplog.at_level(logging.ERROR, logger="dataflex_bus"):
-        assert not runtime.emit("on_rollout", toy_batch(), 3).acted
+        assert _nothing_decided(runtime.emit("on_rollout", toy_batch(), 3))
         decision = runtime.emit("on_advantage", toy_batch(), 3)
     assert decision.keep.tolist() == [True, False, True, True, False, False, True, False]
     # The recorder saw the participant's decision: it ran after it.
@@ -96,7 +96,7 @@ def test_plain_run_without_method_still_reaches_observers():
     rec = Recorder()
     runtime.bus.add_observer(rec, "recorder")
     decision = runtime.emit("on_rollout", toy_batch(), 0)
-    assert not decision.acted and rec.seen == [("on_rollout", 0, None)]
+    assert _nothing_decided(decision) and rec.seen == [("on_rollout", 0, None)]
     assert runtime.record()["dataflex"] is None and "dataflex-bus==0.1.0" in runtime.record()["plugins"]
 
 
@@ -208,3 +208,43 @@ def test_group_selections_act_at_rollout_and_may_not_split_groups(toys):
     pipe.actuator.__class__ = Splitter
     with pytest.raises(Exception, match=r"split 4 group\(s\) at on_rollout"):
         pipe.apply(toy_batch(), 0)
+
+
+def _nothing_decided(d) -> bool:
+    return (d.keep is None and d.advantages is None and d.weights is None and d.domain_probs is None
+            and not d.skip_update)
+
+
+class FieldsObserver:
+    """An observer asking for fields beyond the guaranteed ones (and one no event has)."""
+
+    @hookimpl
+    def dataflex_fields(self, event):
+        return {"on_rollout": ["responses", "no_such_field"], "on_advantage": ["old_log_probs"]}.get(event, [])
+
+    @hookimpl
+    def on_rollout(self, batch):
+        pass
+
+
+class BrokenFields:
+    @hookimpl
+    def dataflex_fields(self, event):
+        raise RuntimeError("boom")
+
+
+def test_runtime_fields_join_method_requirements_and_observer_requests(toys, caplog):
+    from dataflex_bus.discovery import PluginSet, new_plugin_manager
+
+    pm = new_plugin_manager()
+    pm.register(FieldsObserver(), name="fields-observer")
+    pm.register(BrokenFields(), name="broken-fields")
+    block = {"mechanism": "reweight", "scorer": {"name": "toy_token_prob"}, "actuator": {"name": "toy_scale"}}
+    with caplog.at_level(logging.ERROR, logger="dataflex_bus"):
+        runtime = Runtime(block, plugins=PluginSet([], pm))
+    # the method acts at on_advantage and reads old_log_probs/response_mask; labels are not fields
+    assert runtime.fields("on_advantage") == {"old_log_probs", "response_mask"}
+    # an observer's request counts where the host has the field; unknown names are left out
+    assert runtime.fields("on_rollout") == {"responses"}
+    assert runtime.fields("on_step_end") == frozenset()
+    assert "broken-fields" in caplog.text and "dataflex_fields" in caplog.text

@@ -11,6 +11,11 @@ TINY = {
 }
 
 
+def without_times(metrics):
+    """Per-step metrics without the wall times (``time/*``), which no two runs share."""
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
+
+
 def tiny(dataflex=None, **sections):
     cfg = copy.deepcopy(TINY)
     for name, values in sections.items():
@@ -31,7 +36,7 @@ def shim_components():
 def recorder(monkeypatch):
     """Every Runtime the shim builds gets a recording observer on its bus."""
     from dataflex_bus.runtime import Runtime
-    from dataflex_bus.shim import trainer
+    from dataflex_bus.shim import run
 
     rec = comps.Recorder()
 
@@ -40,5 +45,5 @@ def recorder(monkeypatch):
             super().__init__(*args, **kwargs)
             self.bus.add_observer(rec, "recorder")
 
-    monkeypatch.setattr(trainer, "Runtime", Recording)
+    monkeypatch.setattr(run, "Runtime", Recording)
     return rec

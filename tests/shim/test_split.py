@@ -9,11 +9,11 @@ import torch
 from dataflex_bus.errors import ConfigError
 from dataflex_bus.runtime import Runtime
 from dataflex_bus.shim import run_training
-from dataflex_bus.shim.config import resolve_config
+from dataflex_bus.shim.config import host_context, resolve_config
 from dataflex_bus.shim.policy import TinyPolicy, pretrain
 from dataflex_bus.shim.split import Split
 from dataflex_bus.shim.tasks import EOS, MAX_RESPONSE_LEN, RANDOM_ANSWERS, TASKS, vocab_size
-from dataflex_bus.shim.trainer import ShimTrainer, host_context
+from dataflex_bus.shim.trainer import ShimTrainer
 
 from .conftest import tiny
 from .test_tasks import RULES, prompt_string

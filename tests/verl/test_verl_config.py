@@ -40,7 +40,7 @@ def test_seed_quick_start_validates_and_builds_in_sync_mode(data, tmp_path):
     assert trainer.trainer_mode == "sync"
     assert type(trainer.replay_buffer) is ReplayBuffer  # not ReplayBufferAsync
     assert trainer.replay_buffer.gen_batch_size == cfg.data.train_batch_size
-    assert trainer.dataflex.pipeline.label == "select:group_solve_rate+threshold_band"
+    assert trainer.dataflex.describe() == ["select:threshold_band: group_solve_rate+threshold_band @ on_rollout"]
     assert trainer.dataflex.pipeline.event == "on_rollout"
     # the real dataloader set-up does not force gen_batch_size=1 (it would in any non-"sync" mode)
     trainer.tokenizer, trainer.processor = H.StubTokenizer(), None
@@ -79,4 +79,4 @@ def test_reweight_refused_when_verl_ignores_the_weights(data, tmp_path, verl_com
     with pytest.raises(ConfigError, match=r"bypass_mode.*ignores rollout_is_weights"):
         build(data, tmp_path, [*reweight, "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"])
     _, trainer = build(data, tmp_path, [*reweight, "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"])
-    assert trainer.dataflex.mechanism == "reweight"  # geo_mean: warned, not refused
+    assert trainer.dataflex.mechanisms == {"reweight"}  # geo_mean: warned, not refused

@@ -13,6 +13,8 @@ import pytest
 import torch
 from seed_config import SEED
 
+from dataflex_bus import hookimpl
+
 pytestmark = [pytest.mark.verl, pytest.mark.tq]
 
 REWEIGHT_MATH_X2 = [
@@ -170,12 +172,35 @@ def test_on_rollout_empty_selection_keeps_one_group_and_skips_the_update(H, tmp_
 
 # ---------------------------------------------------------------------------- semi-e2e fit()
 @pytest.mark.integration
+class Watcher:
+    """An observer plugin hearing every event (so the trainer emits all three)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    @hookimpl
+    def on_rollout(self, batch, step):
+        self.seen.append(("on_rollout", step))
+
+    @hookimpl
+    def on_advantage(self, batch, step):
+        self.seen.append(("on_advantage", step))
+
+    @hookimpl
+    def on_step_end(self, batch, step):
+        self.seen.append(("on_step_end", step))
+
+
 def test_fit_select_event_order_removal_and_checkpoint(H, tmp_path, clean_partition):
     tq = clean_partition
     data = dataset(H, tmp_path, math=4, logic=4, code=4)
-    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=3) + SEED).setup().fit()
+    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=3) + SEED)
+    watcher = Watcher()
+    run.trainer.dataflex.bus.add_observer(watcher, "watcher")
+    run.setup().fit()
     step = ["generate", "on_rollout", "compute_log_prob", "on_advantage", "update_actor", "on_step_end"]
     assert run.events == step * 2
+    assert watcher.seen == [(event, n) for n in (0, 1) for event in ("on_rollout", "on_advantage", "on_step_end")]
     wg = run.trainer.actor_rollout_wg
     for logged, keys, update in zip(run.logged, wg.log_prob_keys, wg.updates):
         real = [k for k, pad in zip(update["keys"], update["is_padding"]) if not pad]
@@ -188,7 +213,7 @@ def test_fit_select_event_order_removal_and_checkpoint(H, tmp_path, clean_partit
         assert (folder / "dataflex_state.pt").exists() and not (folder / "transfer_queue").exists()
     state = torch.load(tmp_path / "ckpt" / "global_step_2" / "dataflex_state.pt", weights_only=False)
     assert state["global_steps"] == 2 and state["runtime"]["pipeline"]["config"]["actuator"]["name"] == \
-        "threshold_band"
+        "threshold_band" and list(state["runtime"]["pipeline"]["methods"]) == ["select:threshold_band"]
 
 
 @pytest.mark.integration
@@ -238,7 +263,7 @@ def test_fit_mix_changes_next_domains_and_resume_equals_uninterrupted(H, tmp_pat
     assert resumed.agent_loop.generated_domains == drawn[2:]
     a, b = full.trainer.dataflex_state_dict(), resumed.trainer.dataflex_state_dict()
     assert a["global_steps"] == b["global_steps"] == 4  # fit() counts past its last step
-    sa, sb = a["runtime"]["pipeline"], b["runtime"]["pipeline"]
+    sa, sb = (state["runtime"]["pipeline"]["methods"]["mix:vt_focus_hard"] for state in (a, b))
     assert torch.equal(sa["actuator"]["counts"], sb["actuator"]["counts"])
     assert torch.equal(sa["actuator"]["sums"], sb["actuator"]["sums"])
     assert sa["domain_probs"] == sb["domain_probs"]
@@ -268,3 +293,53 @@ def test_fit_composes_with_verl_dapo_filter_groups(H, tmp_path, clean_partition)
     assert any(logged.get("training/filter_groups/evicted_samples", 0) > 0 for logged in run.logged)
     assert tq_keys(tq) == set()
     assert os.path.exists(tmp_path / "ckpt" / "global_step_2" / "dataflex_state.pt")
+
+
+STACK = ["+dataflex.methods=[{name: filter, mechanism: select, scorer: {name: reward_difficulty}, "
+         "actuator: {name: dapo}}, {name: curriculum, mechanism: mix, scorer: {name: advantage_magnitude}, "
+         "actuator: {name: dump_ucb, params: {c: 0.0, temperature: 0.05}}, warmup_step: 1}, "
+         "{name: ar, mechanism: reweight, scorer: {name: token_prob}, "
+         "actuator: {name: advantage_reweight, params: {alpha: 0.5}}}]"]
+
+
+def _stack_run(H, data, ckpt, steps):
+    return H.Run(H.base_overrides(data, ckpt, batch=3, steps=steps) + STACK).setup()
+
+
+@pytest.mark.integration
+def test_fit_three_method_stack_acts_and_resumes_exactly(H, tmp_path, clean_partition):
+    """DAPO filter + DUMP curriculum + AR reweighting in one run (one Hydra override): each method acts at
+    its event, in order, and 2 steps + resume + 1 equal 3 uninterrupted steps."""
+    tq = clean_partition
+    data = dataset(H, tmp_path, math=6, logic=6, code=6)
+    full = _stack_run(H, data, tmp_path / "full", 3).fit()
+    assert full.trainer.dataflex.describe() == [
+        "filter: reward_difficulty+dapo @ on_rollout", "curriculum: advantage_magnitude+dump_ucb @ on_step_end",
+        "ar: token_prob+advantage_reweight @ on_advantage"]
+    step = ["generate", "on_rollout", "compute_log_prob", "on_advantage", "update_actor", "on_step_end"]
+    assert full.events == step * 3
+    for logged in full.logged:
+        # each method's metrics under its own name: the filter dropped the all-wrong code groups,
+        # AR weighted tokens by 0.5 * p + 0.5, the curriculum published domain probabilities
+        assert 0.0 < logged["dataflex/filter/kept_fraction"] <= 1.0
+        assert 0.5 <= logged["dataflex/ar/weight_min"] <= logged["dataflex/ar/weight_max"] <= 1.0
+        probs = [logged[f"dataflex/curriculum/domain_prob/{d}"] for d in ("code", "logic", "math")]
+        assert sum(probs) == pytest.approx(1.0)
+    for update in full.trainer.actor_rollout_wg.updates:
+        w, mask = update["rollout_is_weights"], update["response_mask"] > 0
+        assert bool((w[mask] >= 0.5).all()) and bool((w[mask] <= 1.0).all()) and float(w[mask].std()) > 0
+    assert tq_keys(tq) == set()
+
+    first = _stack_run(H, data, tmp_path / "resumed", 2).fit()
+    resumed = _stack_run(H, data, tmp_path / "resumed", 3)
+    assert resumed.trainer.global_steps == 2
+    resumed.fit()
+    assert first.agent_loop.generated_domains + resumed.agent_loop.generated_domains == \
+        full.agent_loop.generated_domains
+    a, b = full.trainer.dataflex_state_dict(), resumed.trainer.dataflex_state_dict()
+    assert sorted(a["runtime"]["pipeline"]["methods"]) == ["ar", "curriculum", "filter"]
+    sa, sb = (s["runtime"]["pipeline"]["methods"]["curriculum"] for s in (a, b))
+    assert torch.equal(sa["actuator"]["buffer"], sb["actuator"]["buffer"])
+    assert torch.equal(sa["actuator"]["counts"], sb["actuator"]["counts"]) and sa["domain_probs"] == sb["domain_probs"]
+    for key in ("dataflex/filter/kept_fraction", "dataflex/ar/weight_mean", "dataflex/curriculum/domain_prob/code"):
+        assert resumed.logged[-1][key] == pytest.approx(full.logged[-1][key])

@@ -23,13 +23,9 @@ from dataflex_bus.ops import segment_count, segment_sum
 from ._checks import check_row_values
 
 
-def _who(component: Mixer) -> str:
-    return f"mixer {component.name!r}"
-
-
 def _domain_rows(mixer: Mixer, batch: Batch, score: Score) -> tuple[Tensor, Tensor]:
     """``(domain id, value)`` of every real row with a domain, ids in ``mixer.domains`` order."""
-    who = _who(mixer)
+    who = mixer.who
     if not hasattr(mixer, "domains"):
         raise RuntimeError(f"{who}: set_domains() must be called before update()")
     batch = batch.with_domain_names(mixer.domains)
@@ -68,11 +64,15 @@ class DumpUCB(Mixer):
 
     requires: ClassVar = ("data_source",)
     accepts: ClassVar = ("prompt", "response")
+    intended_scorers: ClassVar = ("advantage_magnitude",)
     params: ClassVar = {
         "c": Param(float, 1.0, low=0.0, doc="exploration coefficient"),
         "window": Param(int, 300, low=1, doc="FIFO length per domain"),
         "temperature": Param(float, 0.1, low=0.0, low_open=True, doc="softmax temperature"),
     }
+    c: float
+    window: int
+    temperature: float
 
     def set_domains(self, domains: Sequence[str]) -> None:
         super().set_domains(domains)
@@ -82,7 +82,7 @@ class DumpUCB(Mixer):
         self.ptr = torch.zeros(k, dtype=torch.long)
         self.counts = torch.zeros(k, dtype=torch.long)
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         d, v = _domain_rows(self, batch, score)
         k, w = len(self.domains), self.window
         v = v.abs()
@@ -122,7 +122,7 @@ class DumpUCB(Mixer):
                 "ptr": self.ptr.clone(), "counts": self.counts.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        who = _who(self)
+        who = self.who
         _check_domains(state, self.domains, who)
         self.buffer = _state_tensor(state, "buffer", self.buffer, who)
         self.fill = _state_tensor(state, "fill", self.fill, who)
@@ -148,6 +148,9 @@ class RewardGap(Mixer):
         "floor": Param(float, 0.0, low=0.0, high=1.0, high_open=True, doc="minimum probability per domain"),
         "momentum": Param(float, 0.0, low=0.0, high=1.0, high_open=True, doc="EMA factor of rbar"),
     }
+    temperature: float
+    floor: float
+    momentum: float
 
     def set_domains(self, domains: Sequence[str]) -> None:
         k = len(domains)
@@ -159,7 +162,7 @@ class RewardGap(Mixer):
         self.rbar = torch.zeros(k, dtype=torch.float64)
         self.seen = torch.zeros(k, dtype=torch.bool)
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         d, v = _domain_rows(self, batch, score)
         k = len(self.domains)
         n = segment_count(d, k)
@@ -188,7 +191,7 @@ class RewardGap(Mixer):
         return {"domains": list(self.domains), "rbar": self.rbar.clone(), "seen": self.seen.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        who = _who(self)
+        who = self.who
         _check_domains(state, self.domains, who)
         self.rbar = _state_tensor(state, "rbar", self.rbar, who)
         self.seen = _state_tensor(state, "seen", self.seen, who)
@@ -204,6 +207,7 @@ class Static(Mixer):
     params: ClassVar = {
         "proportions": Param((dict, list), doc="domain -> weight, or weights in domain order"),
     }
+    proportions: dict | list
 
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -242,7 +246,7 @@ class Static(Mixer):
         super().set_domains(domains)
         self._probs = weights / weights.sum()
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         return {}
 
     def probabilities(self) -> Tensor:

@@ -20,10 +20,6 @@ from dataflex_bus.errors import BatchFieldError
 from ._checks import check_row_values, check_token_shape
 
 
-def _who(component: Reweighter) -> str:
-    return f"reweighter {component.name!r}"
-
-
 def _row_softmax_times_n(logits: Tensor, valid: Tensor, who: str) -> Tensor:
     """``N * softmax(logits)`` over the real rows (max subtracted first), 1 on padding rows."""
     n = int(valid.sum())
@@ -49,10 +45,11 @@ class AdvantageReweight(Reweighter):
     params: ClassVar = {
         "alpha": Param(float, 0.3, low=0.0, high=1.0, doc="mixing weight of the token probability"),
     }
+    alpha: float
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         p = score.values
-        check_token_shape(_who(self), "score", p, batch)
+        check_token_shape(self.who, "score", p, batch)
         # One fused pass: (1 - alpha) + alpha * p. Off-mask tokens are set to 1 by the pipeline.
         w = torch.add(torch.tensor(1.0 - self.alpha, dtype=p.dtype), p, alpha=self.alpha)
         return Reweighting(weights=w)
@@ -70,12 +67,14 @@ class Softmax(Reweighter):
         "temperature": Param(float, 1.0, low=0.0, low_open=True, doc="softmax temperature T"),
         "normalize": Param(str, "row", choices=("row", "token"), doc="mean 1 over rows or over tokens"),
     }
+    temperature: float
+    normalize: str
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         valid = batch.valid_rows
-        check_row_values(_who(self), "score", score.values, batch)
+        check_row_values(self.who, "score", score.values, batch)
         s = score.values.to(torch.float64)
-        w = _row_softmax_times_n(s / self.temperature, valid, _who(self))
+        w = _row_softmax_times_n(s / self.temperature, valid, self.who)
         if self.normalize == "token":
             w = _token_mean_one(w, batch)
         return Reweighting(weights=w.to(torch.float32), metrics=_row_metrics(w, valid))
@@ -95,12 +94,15 @@ class PerAdvantage(Reweighter):
         "beta": Param(float, 0.4, low=0.0, high=1.0, doc="importance-correction exponent"),
         "eps": Param(float, 1e-6, low=0.0, low_open=True, doc="priority floor so no row gets weight 0"),
     }
+    alpha: float
+    beta: float
+    eps: float
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         valid = batch.valid_rows
-        check_row_values(_who(self), "score", score.values, batch)
+        check_row_values(self.who, "score", score.values, batch)
         log_p = torch.log(score.values.to(torch.float64).abs() + self.eps)
-        w = _row_softmax_times_n(self.alpha * (1.0 - self.beta) * log_p, valid, _who(self))
+        w = _row_softmax_times_n(self.alpha * (1.0 - self.beta) * log_p, valid, self.who)
         return Reweighting(weights=w.to(torch.float32), metrics=_row_metrics(w, valid))
 
 

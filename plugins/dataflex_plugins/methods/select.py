@@ -27,10 +27,6 @@ from dataflex_bus.ops import (
 from ._checks import check_row_values
 
 
-def _who(component: Selector) -> str:
-    return f"selector {component.name!r}"
-
-
 class ThresholdBand(Selector):
     """Keep rows whose score lies in the band ``[low, high]`` (``inclusive``) or ``(low, high)``.
 
@@ -47,6 +43,9 @@ class ThresholdBand(Selector):
         "high": Param(float, doc="upper edge of the band"),
         "inclusive": Param(bool, True, doc="keep scores equal to an edge"),
     }
+    low: float
+    high: float
+    inclusive: bool
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
@@ -58,7 +57,7 @@ class ThresholdBand(Selector):
             return [("low", f"low={values['low']!r} must be <= high={values['high']!r}")]
         return []
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         valid = batch.valid_rows
         if score.counts is not None and score.totals is not None:
             # Integer counts against float64 edges; (low -/+ 1e-9) * G is low*G with a slack of 1e-9*G,
@@ -69,7 +68,7 @@ class ThresholdBand(Selector):
             else:
                 below, above = k <= (self.low + 1e-9) * g, k >= (self.high - 1e-9) * g
         else:
-            check_row_values(_who(self), "score", score.values, batch)
+            check_row_values(self.who, "score", score.values, batch)
             s = score.values.to(torch.float64)
             if self.inclusive:
                 below, above = s < self.low, s > self.high
@@ -93,21 +92,23 @@ class DapoFilter(Selector):
 
     requires: ClassVar = ("rm_scores", "response_mask", "uid")
     needs_groups: ClassVar = True
+    filters_zero_variance: ClassVar = True
     params: ClassVar = {
         "metric": Param(str, "reward", choices=("reward", "score"), doc="which per-row value must vary"),
     }
+    metric: str
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
         return True  # decides per group, whatever the scorer
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         if self.metric == "reward":
             v = batch.rewards
-            check_row_values(_who(self), "rm_scores", v, batch)
+            check_row_values(self.who, "rm_scores", v, batch)
         else:
             v = score.values
-            check_row_values(_who(self), "score", v, batch)
+            check_row_values(self.who, "score", v, batch)
         gi, ng = batch.group_index, batch.num_groups
         varied = segment_min(v, gi, ng) != segment_max(v, gi, ng)
         keep_group = varied | (batch.group_sizes == 1)
@@ -127,11 +128,13 @@ class TopKFraction(Selector):
         "fraction": Param(float, 0.5, low=0.0, high=1.0, low_open=True, doc="share of real rows kept"),
         "largest": Param(bool, True, doc="keep the highest scores (false: the lowest)"),
     }
+    fraction: float
+    largest: bool
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         valid = batch.valid_rows
         values = score.values
-        check_row_values(_who(self), "score", values, batch)
+        check_row_values(self.who, "score", values, batch)
         n = int(valid.sum())
         keep = torch.zeros(len(batch), dtype=torch.bool)
         if n == 0:
@@ -162,6 +165,7 @@ class MaxVariance(Selector):
     the scores *are* the rewards.
     """
 
+    rewrites_advantages: ClassVar = True
     requires: ClassVar = ("rm_scores", "response_mask", "uid")
     needs_groups: ClassVar = True
     min_timing: ClassVar = "post_advantage"
@@ -169,9 +173,11 @@ class MaxVariance(Selector):
         "keep_fraction": Param(float, 0.5, low=0.0, high=1.0, low_open=True, doc="share of each group kept"),
         "eps": Param(float, 1e-4, low=0.0, low_open=True, doc="added to the subset std (PODS: 1e-4)"),
     }
+    keep_fraction: float
+    eps: float
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
-        who = _who(self)
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
+        who = self.who
         check_row_values(who, "score", score.values, batch)
         keep = max_variance_keep(score.values, batch.group_index, batch.num_groups, self.keep_fraction)
         rewards = batch.rewards

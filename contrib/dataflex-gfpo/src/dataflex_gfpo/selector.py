@@ -72,6 +72,7 @@ class GFPO(Selector):
     requires: ClassVar[tuple[str, ...]] = ("rm_scores", "response_mask")
     # It rewrites advantages, so it must act after they exist.
     min_timing: ClassVar[str] = "post_advantage"
+    rewrites_advantages: ClassVar[bool] = True
     needs_groups: ClassVar[bool] = True
 
     metric: str

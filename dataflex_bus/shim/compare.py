@@ -1,0 +1,376 @@
+"""``dataflex compare``: several methods on the same seeds, with paired statistics against a baseline.
+
+Each input (a config, a finished run directory, or a directory of run directories) becomes one method
+label with one run per seed. A method's number is its held-out metric at its last eval point; against
+the baseline it gets the paired difference on the same seeds (Student t interval, two-sided p). A
+second reading compares every method with the baseline at *equal generated rollouts*: each pair of
+runs (same seed) is read at the smaller of their final rollout counts, so neither side is credited with
+rollouts the other did not generate. The reading between eval points is linear interpolation
+(default) or the last eval point at or below the budget (``floor``); docs/shim.md defines both.
+
+Outputs in ``--out``: ``compare.json`` (schema :data:`SCHEMA`), ``table.md`` and ``compare.png``. An
+earlier comparison there is never replaced without ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import load_config
+from ..errors import ConfigError, ConfigIssue, DataflexError
+from . import report
+from .config import fingerprint, prepare
+from .files import METRICS, RECORD, RunDirError, check_run_dir, read_metrics
+from .run import run_training
+from .stats import mean_ci, paired_difference
+
+SCHEMA = "dataflex-compare/1"
+METRIC = "eval/heldout/learnable"
+CONFIDENCE = 0.95
+COMPARE_JSON = "compare.json"
+COMPARE_TABLE = "table.md"
+COMPARE_PLOT = "compare.png"
+#: What an earlier comparison left in ``--out``; ``--force`` replaces exactly these.
+COMPARE_FILES = (COMPARE_JSON, COMPARE_TABLE, COMPARE_PLOT)
+#: Budget fields (compare.json names) -> the cumulative counters of metrics.jsonl they are read from.
+COUNTERS = {
+    "generated_rollouts": "compute/generated_rollouts",
+    "trained_tokens": "compute/trained_tokens",
+    "modelled_cost": "compute/modelled_cost",
+}
+STEP_TIME = "time/step_s"
+READINGS = ("linear", "floor")
+
+
+class RunDataError(DataflexError):
+    """A run directory lacks (or holds a non-finite) metric or counter that compare reads."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A run read at one point: the metric, the (possibly fractional) step, and the budget spent so far."""
+
+    value: float
+    step: float
+    budget: dict[str, float]
+
+    @property
+    def rollouts(self) -> float:
+        return self.budget["generated_rollouts"]
+
+
+@dataclass(frozen=True)
+class RunCurve:
+    """One run's eval points (in step order) and its raw metrics (for the plot)."""
+
+    run_dir: Path
+    seed: int
+    domains: tuple[str, ...]
+    points: tuple[Reading, ...]
+    metrics: tuple[dict[str, float], ...]
+
+    @property
+    def final(self) -> Reading:
+        return self.points[-1]
+
+
+# ---------------------------------------------------------------------------- reading runs
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """``run.json`` and ``metrics.jsonl`` of a finished run (a clear error for anything else)."""
+    try:
+        record = json.loads((run_dir / RECORD).read_text())
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{run_dir}: not a finished run directory ({RECORD}: {exc})") from exc
+    if not isinstance(record, dict) or record.get("status") != "complete":
+        status = record.get("status") if isinstance(record, dict) else None
+        raise RunDirError(f"{run_dir}: run is {status!r}, not complete")
+    try:
+        metrics = read_metrics(run_dir / METRICS)
+    except ValueError as exc:
+        raise RunDataError(f"{run_dir}: {METRICS} is not JSON lines ({exc})") from exc
+    return record, metrics
+
+
+def _step(line: Mapping[str, Any]) -> str:
+    step = line.get("step")
+    return str(int(step)) if isinstance(step, (int, float)) and float(step).is_integer() else repr(step)
+
+
+def _number(run_dir: Path, line: Mapping[str, Any], key: str, why: str) -> float:
+    value = line.get(key)
+    step = _step(line)
+    if value is None:
+        raise RunDataError(f"{run_dir}: {METRICS} has no '{key}' at step {step} ({why})")
+    if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+        raise RunDataError(f"{run_dir}: '{key}' at step {step} is {value!r}, not a finite number ({why})")
+    return float(value)
+
+
+def load_curve(run_dir: Path, metric: str) -> RunCurve:
+    """The eval points of a finished run: the metric with the cumulative budget on the same line.
+
+    The budget's ``wall_s`` is the sum of ``time/step_s`` up to and including the line (eval and
+    checkpoint time are not training cost).
+    """
+    record, metrics = read_run(run_dir)
+    if not metrics:
+        raise RunDataError(f"{run_dir}: {METRICS} is empty")
+    if not any(metric in m for m in metrics):
+        near = sorted({k for m in metrics for k in m if k.startswith("eval/")})
+        raise RunDataError(f"{run_dir}: {METRICS} has no '{metric}' on any step (eval keys there: "
+                           f"{', '.join(near) or 'none'}); choose the metric with --metric")
+    last_eval = max(i for i, m in enumerate(metrics) if metric in m)
+    points: list[Reading] = []
+    wall = 0.0
+    for m in metrics[: last_eval + 1]:
+        wall += _number(run_dir, m, STEP_TIME, "needed on every step for the wall-time budget")
+        if metric not in m:
+            continue
+        budget = {name: _number(run_dir, m, key, "a cumulative counter, needed on every eval step")
+                  for name, key in COUNTERS.items()}
+        budget["wall_s"] = wall
+        if points and budget["generated_rollouts"] < points[-1].rollouts:
+            raise RunDataError(f"{run_dir}: '{COUNTERS['generated_rollouts']}' decreases at step {_step(m)} "
+                               "(a cumulative counter)")
+        points.append(Reading(_number(run_dir, m, metric, "the compared metric"), float(m.get("step", 0)), budget))
+    seed = record.get("seed")
+    if not isinstance(seed, int):
+        raise RunDataError(f"{run_dir}: {RECORD} has no integer 'seed' (got {seed!r})")
+    return RunCurve(run_dir, seed, tuple(record.get("domains") or ()), tuple(points), tuple(metrics))
+
+
+def read_at_rollouts(curve: RunCurve, rollouts: float, reading: str = "linear") -> Reading | None:
+    """The run read at a generated-rollouts budget (``None`` if the budget precedes its first eval point).
+
+    ``floor``: the last eval point whose count is at or below the budget. ``linear``: an eval point at
+    exactly the budget if there is one (the last of equal counts: the most trained policy for that
+    spend), else linear interpolation of the metric, the step and every budget field between the eval
+    points just below and just above it.
+    """
+    if reading not in READINGS:
+        raise ValueError(f"reading must be one of {', '.join(READINGS)} (got {reading!r})")
+    xs = [p.rollouts for p in curve.points]
+    below = [i for i, x in enumerate(xs) if x <= rollouts]
+    if not below:
+        return None
+    i = below[-1]
+    if reading == "floor" or xs[i] == rollouts or i + 1 == len(xs):
+        return curve.points[i]
+    lo, hi = curve.points[i], curve.points[i + 1]
+    w = (rollouts - xs[i]) / (xs[i + 1] - xs[i])
+    budget = {k: lo.budget[k] + w * (hi.budget[k] - lo.budget[k]) for k in lo.budget}
+    budget["generated_rollouts"] = rollouts
+    return Reading(lo.value + w * (hi.value - lo.value), lo.step + w * (hi.step - lo.step), budget)
+
+
+# ---------------------------------------------------------------------------- statistics
+def _interval(ci: tuple[float, float] | None) -> list[float] | None:
+    return None if ci is None else [ci[0], ci[1]]
+
+
+def _entry(readings: Sequence[Reading], baseline: Sequence[Reading] | None) -> dict[str, Any]:
+    values = [r.value for r in readings]
+    est = mean_ci(values, CONFIDENCE)
+    delta = None
+    if baseline is not None:
+        d = paired_difference(values, [r.value for r in baseline], CONFIDENCE)
+        delta = {"mean": d.mean, "std": d.std, "ci95": _interval(d.ci), "p_value": d.p_value}
+    budget = {k: sum(r.budget[k] for r in readings) / len(readings) for k in (*COUNTERS, "wall_s")}
+    return {"n": est.n, "mean": est.mean, "std": est.std, "ci95": _interval(est.ci), "delta": delta,
+            "budget": budget, "values": values, "at_step": [r.step for r in readings]}
+
+
+def analyse(curves: Mapping[str, Sequence[RunCurve]], *, baseline: str, metric: str = METRIC,
+            reading: str = "linear") -> dict[str, Any]:
+    """The ``compare.json`` document. ``curves[label][i]`` is seed ``i`` of every label (same seed order)."""
+    if baseline not in curves:
+        raise ValueError(f"baseline {baseline!r} is not among the methods ({', '.join(curves)})")
+    base = curves[baseline]
+    seeds = [c.seed for c in base]
+    for label, runs in curves.items():
+        if [c.seed for c in runs] != seeds:
+            raise ValueError(f"{label} is on seeds {[c.seed for c in runs]}, the baseline on {seeds}")
+    methods = {label: _entry([c.final for c in runs], None if label == baseline else [c.final for c in base])
+               for label, runs in curves.items()}
+
+    equal: dict[str, Any] = {}
+    unavailable: dict[str, str] = {}
+    for label, runs in curves.items():
+        if label == baseline:
+            equal[label] = methods[label]
+            continue
+        mine, theirs, problem = [], [], None
+        for run, ref in zip(runs, base):
+            budget = min(run.final.rollouts, ref.final.rollouts)
+            a, b = read_at_rollouts(run, budget, reading), read_at_rollouts(ref, budget, reading)
+            if a is None or b is None:
+                late = run if a is None else ref
+                problem = (f"seed {run.seed}: the common budget ({budget:g} generated rollouts) lies before the "
+                           f"first eval point of {late.run_dir} ({late.points[0].rollouts:g})")
+                break
+            mine.append(a)
+            theirs.append(b)
+        if problem is not None:
+            equal[label] = None
+            unavailable[label] = problem
+            continue
+        entry = _entry(mine, theirs)
+        entry["delta"]["baseline_mean"] = sum(r.value for r in theirs) / len(theirs)
+        equal[label] = entry
+    return {
+        "schema": SCHEMA, "metric": metric, "baseline": baseline, "seeds": seeds, "confidence": CONFIDENCE,
+        "methods": methods,
+        "equal_rollouts": {"reading": reading, "methods": equal, "unavailable": unavailable},
+        "runs": {label: [str(c.run_dir) for c in runs] for label, runs in curves.items()},
+    }
+
+
+# ---------------------------------------------------------------------------- the command
+@dataclass
+class _Input:
+    label: str
+    source: str
+    runs: dict[int, Path]
+    #: for a config input: the raw config and the resolved config of each seed
+    config: dict[str, Any] | None = None
+    resolved: dict[int, dict[str, Any]] | None = None
+
+
+def _runs_in_dir(path: Path) -> dict[int, Path]:
+    """A run directory holds one seed; a directory of run directories (``OUT/<label>``) holds several."""
+    found: dict[int, Path] = {}
+    single = (path / RECORD).exists()
+    for child in [path] if single else sorted(p for p in path.iterdir() if (p / RECORD).exists()):
+        record, _ = read_run(child)
+        seed = record.get("seed")
+        if not isinstance(seed, int):
+            raise RunDataError(f"{child}: {RECORD} has no integer 'seed' (got {seed!r})")
+        if seed in found:
+            raise RunDirError(f"{path}: {found[seed].name} and {child.name} both hold seed {seed}")
+        found[seed] = child
+    if not found:
+        raise RunDirError(f"{path}: neither a run directory nor a directory of run directories (no {RECORD})")
+    return dict(sorted(found.items()))
+
+
+def _label(path: Path) -> str:
+    """Config stem, or directory name; a ``seed<k>`` run directory is named after its method's directory."""
+    if not path.is_dir():
+        return path.stem
+    if re.fullmatch(r"seed\d+", path.name) and (path / RECORD).exists() and path.resolve().parent.name:
+        return path.resolve().parent.name
+    return path.name
+
+
+def _reusable(run_dir: Path, resolved: dict[str, Any]) -> bool:
+    """A finished run with the same config (steps and seed included) is read instead of re-run."""
+    if not (run_dir / RECORD).exists():
+        return False
+    try:
+        record, _ = read_run(run_dir)
+    except DataflexError:
+        return False
+    saved = record.get("config") or {}
+    return (fingerprint(saved) == fingerprint(resolved)
+            and saved.get("trainer", {}).get("steps") == resolved["trainer"]["steps"])
+
+
+def _plan(args: argparse.Namespace, out: Path) -> list[_Input]:
+    inputs: list[_Input] = []
+    for item in args.configs:
+        path = Path(item)
+        label = _label(path)
+        if any(i.label == label for i in inputs):
+            raise ConfigError(ConfigIssue(item, f"two inputs share the label {label!r}; rename one"))
+        if path.is_dir():
+            runs = _runs_in_dir(path)
+            if args.seeds:
+                missing = [s for s in args.seeds if s not in runs]
+                if missing:
+                    raise ConfigError(ConfigIssue("--seeds", f"{path} holds no run for seed(s) {missing} (it "
+                                                  f"holds seed(s) {sorted(runs)})"))
+                runs = {s: runs[s] for s in args.seeds}
+            inputs.append(_Input(label, item, runs))
+            continue
+        config = load_config(path)
+        base = prepare(config, steps=args.steps).resolved
+        resolved = {seed: prepare(config, steps=args.steps, seed=seed).resolved
+                    for seed in (args.seeds or [base["trainer"]["seed"]])}
+        inputs.append(_Input(label, item, {s: out / label / f"seed{s}" for s in resolved}, config, resolved))
+    seeds_of = {i.label: list(i.runs) for i in inputs}
+    if len({frozenset(v) for v in seeds_of.values()}) > 1:
+        found = ", ".join(f"{label}: {seeds}" for label, seeds in seeds_of.items())
+        raise ConfigError(ConfigIssue("--seeds", f"the inputs are not on the same seeds ({found}); pass --seeds "
+                                      "so every config runs on the seeds of the others"))
+    order = list(inputs[0].runs)  # pairs are formed by position: one seed order for every input
+    for i in inputs:
+        i.runs = {seed: i.runs[seed] for seed in order}
+    return inputs
+
+
+def _baseline(args: argparse.Namespace, inputs: Sequence[_Input]) -> str:
+    if args.baseline is None:
+        return inputs[0].label
+    for i in inputs:
+        if args.baseline in (i.label, i.source):
+            return i.label
+    raise ConfigError(ConfigIssue("--baseline", f"{args.baseline!r} is none of the compared inputs",
+                                  [i.label for i in inputs]))
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.budget_reading not in READINGS:
+        raise ConfigError(ConfigIssue("--budget-reading", f"unknown reading {args.budget_reading!r}", READINGS))
+    # Validate everything first: a typo in the third config must not cost the first two runs.
+    inputs = _plan(args, out)
+    baseline = _baseline(args, inputs)
+    earlier = [name for name in COMPARE_FILES if (out / name).exists()]
+    if earlier and not args.force:
+        raise RunDirError(f"{out} already holds a comparison ({', '.join(earlier)}); use --force to replace it "
+                          "(finished runs with the same config are still reused)")
+    todo = [(i, seed) for i in inputs if i.resolved is not None for seed in i.runs
+            if not _reusable(i.runs[seed], i.resolved[seed])]
+    for i, seed in todo:
+        check_run_dir(i.runs[seed], force=args.force)
+    # Runs that already exist are checked for the metric and counters before anything trains.
+    pending = {(i.label, seed) for i, seed in todo}
+    for i in inputs:
+        for seed, run_dir in i.runs.items():
+            if (i.label, seed) not in pending:
+                load_curve(run_dir, args.metric)
+    for i, seed in todo:
+        if not args.no_progress:
+            print(f"{i.label} seed {seed}:", file=sys.stderr)
+        run_training(i.config or {}, steps=args.steps, seed=seed, out=i.runs[seed], progress=not args.no_progress)
+
+    curves = {i.label: [load_curve(i.runs[s], args.metric) for s in i.runs] for i in inputs}
+    summary = analyse(curves, baseline=baseline, metric=args.metric, reading=args.budget_reading)
+    domains: list[str] = []
+    for runs in curves.values():
+        for c in runs:
+            domains += [d for d in c.domains if d not in domains]
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in earlier:  # only reached with --force; a stale PNG must not outlive its comparison
+        (out / name).unlink()
+    (out / COMPARE_JSON).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    table = report.compare_table(summary)
+    (out / COMPARE_TABLE).write_text(table + "\n")
+    print(table)
+    groups = {label: [list(c.metrics) for c in runs] for label, runs in curves.items()}
+    try:
+        path = report.plot_compare(groups, metric=args.metric, domains=domains, path=out / COMPARE_PLOT,
+                                   baseline=baseline, rollouts_key=COUNTERS["generated_rollouts"])
+        print(f"plot: {path}")
+    except report.PlottingUnavailable as exc:
+        print(str(exc))
+    print(f"table: {out / COMPARE_TABLE}\njson: {out / COMPARE_JSON}")
+    return 0
