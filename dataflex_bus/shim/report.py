@@ -176,7 +176,7 @@ def plot_compare(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[s
             if len(runs) > 1:
                 ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 color=colour[label], alpha=0.13, lw=0)
-        if x_key is not None and baseline in groups:
+        if x_key is not None and baseline is not None and baseline in groups:
             final = eval_band(groups[baseline], metric, x_key)[0]
             if final:
                 ax.axvline(final[-1], color="black", ls=":", lw=1)

@@ -79,7 +79,12 @@ class Split:
         if issues:
             raise ConfigError(issues)
         self.names = list(names)
-        n_levels, first, lengths, sizes, held, domain_of = [], [], [], [], [], []
+        n_levels: list[int] = []
+        first: list[int] = []
+        lengths: list[int] = []
+        sizes: list[int] = []
+        held: list[int] = []
+        domain_of: list[int] = []
         picks: list[Tensor] = []
         for d, name in enumerate(self.names):
             gen = _domain_generator(seed, name)
