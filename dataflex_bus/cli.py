@@ -8,9 +8,12 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .block import DataflexConfig
 
 #: subcommand -> "module:function" taking the parsed args and returning an exit code.
 COMMANDS = {
@@ -134,19 +137,49 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- validate
+#: Top-level keys only a verl config has: such a config is checked with its verl context.
+VERL_KEYS = ("actor_rollout_ref", "algorithm", "critic", "reward_model", "custom_reward_function")
+#: The shim's own sections: a config with them (and no verl keys) is checked exactly as `dataflex run` does.
+SHIM_SECTIONS = ("trainer", "model", "data")
+
+
+def _context_value(config: dict[str, Any], path: tuple[str, ...], param: Any, issues: list[Any]) -> Any:
+    """The value at ``path`` checked against ``param`` (``None`` when absent); a non-mapping on the way or
+    a bad value becomes an issue naming its dotted key."""
+    from .errors import ConfigIssue
+
+    node: Any = config
+    for depth, part in enumerate(path):
+        if not isinstance(node, dict):
+            issues.append(ConfigIssue(".".join(path[:depth]), f"expected a mapping, got {type(node).__name__} "
+                                      f"{node!r}"))
+            return None
+        if part not in node or node[part] is None:
+            return None
+        node = node[part]
+    value, issue = param.coerce(".".join(path), node)
+    if issue is not None:
+        issues.append(issue)
+        return None
+    return value
+
+
 def host_context(config: dict[str, Any]) -> dict[str, Any]:
-    """Facts about the host that validation checks against (verl-style or shim keys)."""
+    """Facts about a verl host that validation checks against: ``algorithm.adv_estimator`` and
+    ``actor_rollout_ref.rollout.n``, type-checked. Raises :class:`ConfigError` naming a bad key."""
+    from .errors import ConfigError
+    from .schema import Param
+
+    issues: list[Any] = []
     ctx: dict[str, Any] = {}
-    algorithm = config.get("algorithm") or {}
-    if isinstance(algorithm, dict) and "adv_estimator" in algorithm:
-        ctx["adv_estimator"] = algorithm["adv_estimator"]
-    rollout = ((config.get("actor_rollout_ref") or {}).get("rollout") or {}) if isinstance(
-        config.get("actor_rollout_ref"), dict) else {}
-    if isinstance(rollout, dict) and "n" in rollout:
-        ctx["rollout_n"] = rollout["n"]
-    trainer = config.get("trainer") or {}
-    if isinstance(trainer, dict) and "group_size" in trainer:
-        ctx["rollout_n"] = trainer["group_size"]
+    estimator = _context_value(config, ("algorithm", "adv_estimator"), Param(str, nonempty=True), issues)
+    if estimator is not None:
+        ctx["adv_estimator"] = estimator
+    n = _context_value(config, ("actor_rollout_ref", "rollout", "n"), Param(int, low=1), issues)
+    if n is not None:
+        ctx["rollout_n"] = n
+    if issues:
+        raise ConfigError(issues)
     return ctx
 
 
@@ -159,8 +192,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
     block = config.get("dataflex")
     if block is None:
         raise ConfigError(ConfigIssue("dataflex", f"{args.config} has no `dataflex:` block"))
-    cfg = validate(block, context=host_context(config))
-    print(f"ok: mechanism={cfg.mechanism} scorer={cfg.scorer.name} actuator={cfg.actuator.name}")
+    cfg: DataflexConfig | None = None
+    if any(key in config for key in VERL_KEYS):
+        issues: list[ConfigIssue] = []
+        try:
+            context = host_context(config)
+        except ConfigError as exc:  # report the block's problems with the context's, all at once
+            issues += exc.issues
+            context = {}
+        try:
+            cfg = validate(block, context=context)
+        except ConfigError as exc:
+            issues += exc.issues
+        if issues:
+            raise ConfigError(issues)
+        checked = "with the verl context" + "".join(f" {k}={v}" for k, v in context.items())
+    elif any(key in config for key in SHIM_SECTIONS):
+        from .shim.config import prepare
+
+        cfg = prepare(config).method
+        checked = "as a dataflex run config (every section, as `dataflex run` checks it)"
+    else:
+        cfg = validate(block)
+        checked = "the dataflex block alone (no host sections)"
+    if cfg is None:  # `dataflex: {}` or null: plain GRPO
+        print(f"ok: no dataflex method (plain GRPO); checked {checked}")
+        return 0
+    for m in cfg.methods:
+        name = f"{m.name}: " if len(cfg.methods) > 1 else ""
+        print(f"ok: {name}mechanism={m.mechanism} scorer={m.scorer.name} actuator={m.actuator.name}")
+    print(f"checked {checked}")
     return 0
 
 

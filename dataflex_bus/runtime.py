@@ -111,6 +111,12 @@ class Runtime:
         """Emit one event on the bus; returns what the methods decided."""
         return self.bus.emit(event, batch, step)
 
+    @property
+    def observer_failures(self) -> list[dict[str, Any]]:
+        """Observers that raised (isolated, the run went on): one entry per observer and hook with the
+        count, first and last step and last error; for the host's run record."""
+        return self.bus.observer_failures
+
     # -------------------------------------------------------------- mix
     def set_domains(self, domains: Sequence[str]) -> None:
         """Tell the mixer the domains the host samples from, in the sampler's order."""

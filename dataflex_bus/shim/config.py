@@ -22,6 +22,7 @@ from ..block import DataflexConfig
 from ..errors import ConfigError, ConfigIssue
 from ..schema import Param, check_section, unknown_key
 from ..validation import validate
+from .sizes import check_memory
 from .tasks import TASKS
 
 TRAINER: dict[str, Param] = {
@@ -129,6 +130,16 @@ def prepare(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None,
             method = validate(resolved["dataflex"], context=context)
         except ConfigError as exc:
             issues.extend(exc.issues)
+    if method is not None and method.domains and not any(i.key == "data.domains" for i in issues):
+        # The mixer would otherwise refuse them only after the warm start (and `validate` never).
+        missing = [d for d in method.domains if d not in resolved["data"]["domains"]]
+        if missing:
+            issues.append(ConfigIssue("dataflex.domains", f"domains {missing} are not in data.domains",
+                                      resolved["data"]["domains"]))
+    # Keys with a bad value hold their default in `resolved`, so the estimate is sound either way.
+    too_big = check_memory(resolved)
+    if too_big is not None:
+        issues.append(too_big)
     if issues:
         raise ConfigError(issues)
     return RunConfig(resolved, method)
