@@ -81,17 +81,37 @@ def estimate(resolved: Mapping[str, Any]) -> list[Term]:
     ]
 
 
+#: The keys that set a run's size, each tried at its default to find the one that makes a run too large.
+SIZE_KEYS = ("trainer.group_size", "trainer.prompts_per_step", "model.hidden", "model.layers",
+             "trainer.eval_prompts", "trainer.steps")
+
+
+def _total(resolved: Mapping[str, Any]) -> int:
+    return sum(term.bytes for term in estimate(resolved))
+
+
 def check_memory(resolved: Mapping[str, Any], limit: int | None = None) -> ConfigIssue | None:
-    """An issue naming the key of the largest term when the estimate exceeds ``limit`` (the machine's
-    physical memory by default); ``None`` when the run fits."""
+    """An issue when the estimate exceeds ``limit`` (the machine's physical memory by default), keyed by
+    the size key whose default value shrinks the estimate most; ``None`` when the run fits."""
+    from .config import MODEL, TRAINER  # the declarations of the sections (config imports this module)
+
     limit = machine_memory() if limit is None else limit
-    terms = estimate(resolved)
-    total = sum(term.bytes for term in terms)
+    total = _total(resolved)
     if total <= limit:
         return None
-    worst = max(terms, key=lambda term: term.bytes)
-    return ConfigIssue(worst.key, f"the run would need about {_size(total)} of memory, mostly for {worst.what}, "
-                       f"but this machine has {_size(limit)}; reduce {worst.key}")
+    defaults = {f"trainer.{k}": p.default for k, p in TRAINER.items()} | {f"model.{k}": p.default
+                                                                          for k, p in MODEL.items()}
+
+    def at_default(dotted: str) -> int:
+        section, key = dotted.split(".")
+        trial = {**resolved, section: {**resolved[section], key: defaults[dotted]}}
+        return _total(trial)
+
+    culprit = min(SIZE_KEYS, key=at_default)
+    section, key = culprit.split(".")
+    largest = max(estimate(resolved), key=lambda term: term.bytes)
+    return ConfigIssue(culprit, f"{resolved[section][key]} makes the run need about {_size(total)} of memory "
+                       f"(mostly for {largest.what}), but this machine has {_size(limit)}; reduce {culprit}")
 
 
 def _size(n: int) -> str:
