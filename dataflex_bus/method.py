@@ -106,9 +106,8 @@ class Method:
             raise PluginInterrupt(plugin, self.event) from exc
         except (Exception, SystemExit) as exc:
             raise PluginRuntimeError(plugin, self.event, exc) from exc
-        writes = watch.writes() if watch is not None else []
-        if writes:
-            raise batch_write_error(plugin, self.event, writes)
+        if watch is not None and watch.changed():
+            raise batch_write_error(plugin, self.event, watch.writes())
         return result
 
     def _score(self, batch: Batch, step: int, metrics: dict[str, float]) -> tuple[Batch, Score, Tensor | None]:

@@ -33,12 +33,14 @@ class Runtime:
     observers."""
 
     def __init__(self, dataflex: DataflexConfig | Mapping[str, Any] | None, *,
-                 context: Mapping[str, Any] | None = None, plugins: PluginSet | None = None) -> None:
+                 context: Mapping[str, Any] | None = None, plugins: PluginSet | None = None,
+                 check_writes: bool | None = None) -> None:
         self.plugins = plugins if plugins is not None else get_plugins()
         self.pipeline: Pipeline | None = (
             build_pipeline(dataflex, self.plugins.registry(), context=context) if dataflex else None
         )
-        self.bus = EventBus(self.plugins)
+        # check_writes: compare the batch around every bus hook (None: DATAFLEX_CHECK_WRITES); see bus.py.
+        self.bus = EventBus(self.plugins, check_writes=check_writes)
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.name)
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}

@@ -85,7 +85,8 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
     if resume and out_dir is None:
         raise RunDirError("resume needs a run directory (out=...)")
     resolved = prepared.resolved
-    runtime = Runtime(prepared.method, context=host_context(resolved))
+    # The shim is where plugins are tried: every hook's batch writes are checked (cheap at this size).
+    runtime = Runtime(prepared.method, context=host_context(resolved), check_writes=True)
     if out_dir is None:
         return _with_threads(resolved, lambda: _train(resolved, runtime, None, None, progress))
     if resume and not out_dir.is_dir():
