@@ -216,18 +216,20 @@ def existing_run_files(out: Path) -> list[str]:
 
 
 def check_run_dir(out: Path, *, force: bool) -> None:
-    """Refuse to overwrite a run unless ``force``; with ``force``, remove only the run's own files."""
+    """Refuse to overwrite a run unless ``force``; with ``force``, remove only the run's own files, and
+    only while no other run holds the directory (its lock is taken for the removal)."""
     found = existing_run_files(out)
     if not found:
         return
     if not force:
         raise RunDirError(f"{out} already holds a run ({', '.join(found)}); use --force to overwrite it or "
                           "--resume to continue it")
-    for name in found:
-        try:
-            (out / name).unlink()
-        except OSError as exc:
-            raise io_error(out / name, exc, "remove the old run's file") from exc
+    with run_dir_lock(out):
+        for name in existing_run_files(out):
+            try:
+                (out / name).unlink()
+            except OSError as exc:
+                raise io_error(out / name, exc, "remove the old run's file") from exc
 
 
 def make_run_dir(out: Path) -> bool:

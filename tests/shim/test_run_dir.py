@@ -388,3 +388,18 @@ def test_config_errors_come_before_the_directory_is_touched(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer\.group_size"):
         run_training(tiny(trainer={"group_size": 100_000_000_000}), out=out)
     assert not out.exists()
+
+
+def test_force_never_removes_the_files_of_a_run_in_progress(tmp_path):
+    """What `dataflex compare --force` does before its own runs: refused while another run holds the
+    directory."""
+    from dataflex_bus.shim.files import check_run_dir
+
+    out = tmp_path / "run"
+    run_training(tiny(), steps=1, out=out)
+    with faults.lock_holder(out) as pid:
+        with pytest.raises(RunDirError, match=rf"pid {pid}"):
+            check_run_dir(out, force=True)
+    assert (out / "run.json").exists()
+    check_run_dir(out, force=True)
+    assert not (out / "run.json").exists()
