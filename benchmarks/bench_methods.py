@@ -33,6 +33,7 @@ from dataflex_plugins.methods.select import max_variance_keep, subset_advantages
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.pipeline import build_pipeline
+from dataflex_bus.weights import expand_weights
 
 
 def timeit(fn: Callable[[], object], repeats: int) -> float:
@@ -166,6 +167,16 @@ def ref_topk(scores: torch.Tensor, frac: float = 0.5) -> torch.Tensor:
     return keep
 
 
+def straightforward_weights(w: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, tuple[float, ...]]:
+    """Check, summarise and expand token weights the obvious way: through ``w[token_mask]``."""
+    tm = batch.token_mask
+    real = w[tm]
+    if not bool(torch.isfinite(real).all()) or bool((real < 0).any()):
+        raise ValueError("bad weights")
+    r = real.double()
+    return torch.where(tm, w, 1.0), (float(r.sum()), float((r * r).sum()), float(r.max()), float(r.min()))
+
+
 # ------------------------------------------------------------------ benchmark
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -260,6 +271,14 @@ def main() -> int:
     record("token_prob+advantage_reweight", "full pipeline vs 1 exp pass", full, exp_pass, 2, False)
     alone, exp_pass = timeit_pair(components, lambda: lp.exp(), rep)
     record("token_prob+advantage_reweight", "components alone vs 1 exp pass", alone, exp_pass, 2, False)
+    # Why weights.expand_weights fills non-real tokens instead of indexing w[token_mask]: the one-pass form
+    # against the straightforward check-and-summarise on a boolean-indexed copy (same outputs).
+    wb = fresh_batch(data, names)
+    w_tok = torch.rand(wb.token_mask.shape, generator=torch.Generator().manual_seed(1))
+    ours_w, straight_w = timeit_pair(lambda: expand_weights(w_tok, wb, "bench"),
+                                     lambda: straightforward_weights(w_tok, wb), rep)
+    rows.append(("weights.expand_weights [B, T]", "one pass vs boolean-indexed copy", ours_w, straight_w,
+                 straight_w / ours_w, "info"))
 
     # dump_ucb: one update (+ probabilities) from the per-row scores, and the whole step.
     pipe = build_pipeline({"mechanism": "mix", "scorer": {"name": "advantage_magnitude", "params": {"agg": "mean"}},

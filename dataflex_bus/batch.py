@@ -21,11 +21,46 @@ from .errors import BatchFieldError
 LABEL_FIELDS = ("uid", "data_source")
 
 
-def _index_labels(labels: Sequence[Any]) -> tuple[Tensor, list[str]]:
-    """Map labels to dense ids in order of first appearance (one C-level dict pass, no per-group work)."""
-    names: dict[str, int] = {}
-    ids = [names.setdefault(str(label), len(names)) for label in labels]
+def _index_labels(labels: Sequence[Any], field: str) -> tuple[Tensor, list[Any]]:
+    """Map labels to dense ids in order of first appearance (one C-level dict pass, no per-group work).
+
+    Labels are compared as they are, never through ``str()``: the int ``1`` and the string ``"1"`` are
+    two groups (equal values such as ``np.str_("a")`` and ``"a"`` are one).
+    """
+    names: dict[Any, int] = {}
+    try:
+        ids = [names.setdefault(label, len(names)) for label in labels]
+    except TypeError as exc:  # an unhashable label (a list, a dict)
+        raise BatchFieldError("Batch", field, f"labels must be hashable values (strings or integers): {exc}") from None
     return torch.tensor(ids, dtype=torch.long), list(names)
+
+
+def _check_label_rows(field: str, labels: Any, rows: int | None) -> None:
+    """One label per row, given as a sequence or a 1-D tensor (a string is one label, not a sequence)."""
+    if isinstance(labels, (str, bytes)):
+        raise BatchFieldError("Batch", field, f"expected one label per row (a list or a 1-D integer tensor), "
+                              f"got the single string {labels!r}")
+    if isinstance(labels, Tensor) and labels.dim() != 1:
+        raise BatchFieldError("Batch", field, f"expected a 1-D tensor of labels, got shape {tuple(labels.shape)}")
+    n = len(labels)
+    if rows is not None and n != rows:
+        raise BatchFieldError("Batch", field, f"{n} label(s) for {rows} rows: give exactly one label per row "
+                              "(padding rows included)")
+
+
+def _check_domain_names(names: Sequence[str]) -> None:
+    if len(set(names)) != len(names):
+        dup = sorted({str(n) for n in names if list(names).count(n) > 1})
+        raise BatchFieldError("Batch", "domain_names", f"duplicate names {dup} in {list(names)}: "
+                              "each domain must be listed once")
+
+
+def _integer_ids(field: str, ids: Tensor) -> Tensor:
+    """An integer label tensor as int64; a float or bool tensor would silently truncate or merge groups."""
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise BatchFieldError("Batch", field, f"label tensors must have an integer dtype, got {ids.dtype} "
+                              "(float ids are truncated into wrong groups: convert them or pass a list)")
+    return ids.to(torch.long)
 
 
 class Batch:
@@ -44,7 +79,7 @@ class Batch:
         domain_ids: Tensor | None,
         domain_names: Sequence[str] = (),
         is_padding: Tensor | None = None,
-        uid: Sequence[str] | None = None,
+        uid: Sequence[Any] | None = None,
     ) -> None:
         self.fields: dict[str, Tensor] = dict(fields)
         size = self._infer_size()
@@ -54,6 +89,11 @@ class Batch:
         if self.is_padding.shape != (size,):
             raise BatchFieldError("Batch", "is_padding",
                                   f"expected shape ({size},), got {tuple(self.is_padding.shape)}")
+        for label, ids in (("uid", group_ids), ("data_source", domain_ids)):
+            if ids is not None and tuple(ids.shape) != (size,):
+                raise BatchFieldError("Batch", label, f"expected one label per row, shape ({size},), "
+                                      f"got {tuple(ids.shape)}")
+        _check_domain_names(domain_names)
         self._raw_group_ids = group_ids
         self.domain_ids = domain_ids
         self.domain_names = list(domain_names)
@@ -75,37 +115,64 @@ class Batch:
         ``uid``: per-row group label (strings, or an integer tensor for speed). ``domains``: per-row
         domain label (strings, or integer ids into ``domain_names``). ``is_padding``: per-row flag.
         """
-        uid_list: list[str] | None = None
+        rows = cls._row_count(fields)
+        if domain_names is not None:
+            _check_domain_names(domain_names)
+        uid_list: list[Any] | None = None
         group_ids: Tensor | None
         if uid is None:
             group_ids = None
-        elif isinstance(uid, Tensor):
-            group_ids = uid.to(torch.long)
         else:
-            uid_list = [str(u) for u in uid]
-            group_ids, _ = _index_labels(uid_list)
+            _check_label_rows("uid", uid, rows)
+            if isinstance(uid, Tensor):
+                group_ids = _integer_ids("uid", uid)
+            else:
+                uid_list = list(uid)
+                group_ids, _ = _index_labels(uid_list, "uid")
         if domains is None:
             domain_ids, names = None, list(domain_names or [])
-        elif isinstance(domains, Tensor):
-            domain_ids = domains.to(torch.long)
-            if domain_names is None:
-                raise BatchFieldError("Batch", "data_source", "integer domain ids need domain_names")
-            names = list(domain_names)
         else:
-            domain_ids, found = _index_labels(domains)
-            names = list(domain_names or [])
-            if names:
-                known = {n: i for i, n in enumerate(names)}
-                extra = [n for n in found if n not in known]
-                if extra:
-                    raise BatchFieldError("Batch", "data_source", f"labels {extra} not in domain_names {names}")
-                remap = torch.tensor([known[n] for n in found], dtype=torch.long)
-                domain_ids = remap[domain_ids]
+            _check_label_rows("data_source", domains, rows)
+            if isinstance(domains, Tensor):
+                domain_ids = _integer_ids("data_source", domains)
+                if domain_names is None:
+                    raise BatchFieldError("Batch", "data_source", "integer domain ids need domain_names")
+                names = list(domain_names)
             else:
-                names = found
+                domain_ids, found = _index_labels(domains, "data_source")
+                names = list(domain_names or [])
+                # Domain names are strings (metric keys, config entries): labels that differ but print the
+                # same (1 and "1") would merge into one domain.
+                found_names = [str(n) for n in found]
+                if len(set(found_names)) != len(found_names):
+                    clash = sorted({n for n in found_names if found_names.count(n) > 1})
+                    raise BatchFieldError("Batch", "data_source",
+                                          f"distinct labels print as the same domain name {clash} "
+                                          f"(labels: {found!r}); use one type for domain labels")
+                if names:
+                    known = {n: i for i, n in enumerate(names)}
+                    extra = [n for n in found_names if n not in known]
+                    if extra:
+                        raise BatchFieldError("Batch", "data_source", f"labels {extra} not in domain_names {names}")
+                    remap = torch.tensor([known[n] for n in found_names], dtype=torch.long)
+                    domain_ids = remap[domain_ids]
+                else:
+                    names = found_names
         pad = None if is_padding is None else torch.as_tensor(is_padding, dtype=torch.bool)
-        return cls(fields, group_ids=group_ids, domain_ids=domain_ids, domain_names=names,
-                   is_padding=pad, uid=uid_list)
+        batch = cls(fields, group_ids=group_ids, domain_ids=domain_ids, domain_names=names,
+                    is_padding=pad, uid=uid_list)
+        if isinstance(domains, Tensor) and domain_ids is not None and domain_ids.numel():
+            # Real rows must name a listed domain (padding rows may carry anything): one reduction.
+            lo, hi = torch.aminmax(torch.where(batch.valid_rows, domain_ids, 0))
+            if int(lo) < 0 or int(hi) >= len(names):
+                raise BatchFieldError("Batch", "data_source", f"domain ids must lie in [0, {len(names)}) for "
+                                      f"domain_names {names}, got ids from {int(lo)} to {int(hi)}")
+        return batch
+
+    @staticmethod
+    def _row_count(fields: Mapping[str, Tensor]) -> int | None:
+        sizes = [t.shape[0] for t in fields.values() if isinstance(t, Tensor) and t.dim() > 0]
+        return sizes[0] if sizes else None
 
     def _infer_size(self) -> int:
         sizes = {name: t.shape[0] for name, t in self.fields.items() if t.dim() > 0}

@@ -117,6 +117,8 @@ class DataflexConfig:
     domains: list[str] | None = None
     domain_key: str = "data_source"
     stacked: bool = False
+    #: Set by :func:`~dataflex_bus.validation.validate`: settings that are valid but cannot act as meant.
+    warnings: list[ConfigIssue] = field(default_factory=list, compare=False, repr=False)
 
     # -------------------------------------------------------------- the one method of a seed-style block
     @property

@@ -8,16 +8,17 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import __version__
 
-if TYPE_CHECKING:
-    from .block import DataflexConfig
+#: Component kinds (as in ``components.KINDS``; repeated so building the parser imports nothing).
+_KINDS = ("scorer", "selector", "reweighter", "mixer")
 
 #: subcommand -> "module:function" taking the parsed args and returning an exit code.
 COMMANDS = {
     "plugins": "dataflex_bus.cli:cmd_plugins",
+    "info": "dataflex_bus.cli:cmd_info",
     "validate": "dataflex_bus.cli:cmd_validate",
     "run": "dataflex_bus.shim.commands:cmd_run",
     "compare": "dataflex_bus.shim.compare:cmd_compare",
@@ -28,18 +29,31 @@ COMMANDS = {
 LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
 
+DESCRIPTION = ("Data-centric training controls for GRPO (select, reweight, mix) as plugins on one event bus: "
+               "list and inspect plugins, check configs, train on the CPU shim, compare methods.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dataflex", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="dataflex", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dataflex-bus {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("plugins", help="list installed plugins, what they provide and what failed")
     p.add_argument("--json", action="store_true", help="stable, sorted JSON instead of a table")
-    p.add_argument("--check", action="store_true", help="exit 1 if any plugin failed to load")
+    p.add_argument("--check", action="store_true",
+                   help="also import every component in a separate process and check its declarations; "
+                        "exit 1 on any failure")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="--check: give up on a plugin whose import takes longer (default 300)")
+
+    p = sub.add_parser("info", help="one component: parameters, timing, granularity, an example config")
+    p.add_argument("name", help="component name, or distribution:name")
+    p.add_argument("--kind", choices=[*_KINDS, "actuator"], help="when the name is both a scorer and an actuator")
+    p.add_argument("--json", action="store_true", help="JSON (a list: one entry per matching component)")
 
     p = sub.add_parser("validate", help="check a config against the installed plugins; nothing trains")
-    p.add_argument("config", help="YAML file with a `dataflex:` block")
+    p.add_argument("config", help="YAML file: a shim run config (examples/) or a verl config with a `dataflex:` block")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. dataflex.actuator.params.low=0.1")
 
     p = sub.add_parser("run", help="train on the CPU shim with the configured method")
@@ -51,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config as `dataflex validate` does; nothing trains")
 
     p = sub.add_parser("compare", help="several configs on the same seeds: paired statistics, table and plot")
     p.add_argument("configs", nargs="+",
@@ -84,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     stray = [e for e in extra if "=" not in e and not e.startswith("~")]
     if extra and (not hasattr(args, "overrides") or stray):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        # The subcommand's own usage (its options), not the top-level one.
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.command in LOGGING_COMMANDS:
@@ -101,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataflexError as exc:
         print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C (or a plugin raising it) is no crash: no traceback
+        print(f"dataflex {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
+        return 130
 
 
 # ---------------------------------------------------------------------------- plugins
@@ -108,7 +129,10 @@ def plugins_report() -> list[dict[str, Any]]:
     """The ``dataflex plugins --json`` document: sorted by name, then distribution."""
     from .discovery import get_plugins
 
-    records = [r.as_json() for r in get_plugins().records]
+    return _sorted_report([r.as_json() for r in get_plugins().records])
+
+
+def _sorted_report(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r["name"], r["distribution"] or ""))
 
 
@@ -120,108 +144,405 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _plugin_rows(record: dict[str, Any]) -> list[list[str]]:
+    """One table row per component (or for the error), then one per warning; plugin columns only once."""
+    details: list[str] = []
+    if record["status"] == "active":
+        for c in record["components"]:
+            line = f"{c['name']} ({c['kind']})" + (f"  {c['summary']}" if c.get("summary") else "")
+            check = c.get("check")
+            if check not in (None, "ok"):
+                line += f"  CHECK FAILED: {check}"
+            details.append(line)
+    elif record["status"] == "disabled":
+        details.append(f"by {record['disabled_by']}" if record.get("disabled_by") else "")
+    else:
+        details.append(record["error"] or "")
+    details += [f"warning: {w}" for w in record.get("warnings") or []]
+    head = [record["name"], record["distribution"] or "-", record["version"] or "-", record["status"]]
+    rows = [[*head, details[0] if details else ""]]
+    rows += [["", "", "", "", d] for d in details[1:]]
+    return rows
+
+
+def _check_problems(report: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for r in report:
+        label = f"plugin {r['name']!r} ({r['distribution'] or '?'}=={r['version'] or '?'})"
+        if r["status"] == "failed":
+            problems.append(f"{label}: {r['error']}")
+        for c in r["components"]:
+            if c.get("check") not in (None, "ok"):
+                problems.append(f"{label}: {c['kind']} {c['name']!r} -> {c['target']!r}: {c['check']}")
+    return problems
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
-    report = plugins_report()
+    if args.check:
+        from .discovery import check_plugins
+
+        report = _sorted_report(check_plugins(timeout=args.timeout))
+    else:
+        report = plugins_report()
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        rows = []
-        for r in report:
-            comps = ", ".join(f"{c['name']} ({c['kind']})" for c in r["components"])
-            detail = comps if r["status"] == "active" else (r["error"] or "")
-            rows.append([r["name"], r["distribution"] or "-", r["version"] or "-", r["status"], detail])
+        rows = [row for r in report for row in _plugin_rows(r)]
         print(_table(rows, ["PLUGIN", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS / ERROR"])
               if rows else "no dataflex plugins installed")
-    failed = [r for r in report if r["status"] == "failed"]
-    return 1 if args.check and failed else 0
+    if not args.check:
+        return 0
+    problems = _check_problems(report)
+    if not args.json:
+        components = sum(len(r["components"]) for r in report)
+        if problems:
+            print(f"\ncheck failed: {len(problems)} problem(s)")
+            print("\n".join(f"  - {p}" for p in problems))
+        else:
+            print(f"\ncheck ok: {len(report)} plugin(s), {components} component(s) import and declare valid "
+                  "attributes")
+    return 1 if problems else 0
+
+
+# ---------------------------------------------------------------------------- info
+def cmd_info(args: argparse.Namespace) -> int:
+    from .discovery import get_plugins
+    from .errors import UnknownComponentError
+    from .registry import SLOT
+
+    registry = get_plugins().registry()
+    kind = args.kind
+    slots = ["scorer", "actuator"] if kind is None else [SLOT.get(kind, kind)]
+    specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
+    if not specs:
+        import difflib
+
+        bare = args.name.rpartition(":")[2]
+        kinds = [kind] if kind in _KINDS else None
+        known = sorted({n for slot in slots for n in registry.names(slot, kinds)})
+        close = difflib.get_close_matches(bare, known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        what = kind or "component"
+        other = ""
+        if kind is not None and registry.find(args.name):
+            found = sorted({s.kind for s in registry.find(args.name)})
+            other = f" (there is {_article(found[0])} {' and '.join(found)} of that name: drop --kind)"
+        raise UnknownComponentError(
+            f"unknown {what} {bare!r}{hint}{other} (installed: {', '.join(known) or 'none'})"
+            f"{registry.disabled_hint(slots[0], bare) if len(slots) == 1 else _disabled_hint_any(registry, bare)}")
+    entries = [component_info(spec, registry) for spec in specs]
+    if args.json:
+        print(json.dumps(entries, indent=2, sort_keys=True, default=str))
+        return 0
+    if len(entries) > 1:
+        names = ", ".join(f"{e['kind']} {e['qualified_name']}" for e in entries)
+        print(f"{args.name!r} names {len(entries)} components: {names}; pass --kind (or distribution:name) "
+              "to show one\n")
+    print("\n\n".join(_info_text(e) for e in entries))
+    return 0
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _disabled_hint_any(registry: Any, bare: str) -> str:
+    return registry.disabled_hint("scorer", bare) or registry.disabled_hint("actuator", bare)
+
+
+def component_info(spec: Any, registry: Any) -> dict[str, Any]:
+    """Everything ``dataflex info`` shows about one registered component (imports its class)."""
+    import inspect
+
+    from .components import MECHANISM_KIND
+    from .registry import SLOT
+
+    cls = spec.load()
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    params = []
+    for name, p in cls.params.items():
+        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        params.append({
+            "name": name, "type": " or ".join("None" if t is type(None) else t.__name__ for t in types),
+            "required": p.required, "default": None if p.required else _plain(p.default),
+            "allowed": p.describe(), "low": p.low, "high": p.high,
+            "choices": None if p.choices is None else list(p.choices), "doc": p.doc,
+        })
+    info: dict[str, Any] = {
+        "name": spec.name, "kind": spec.kind, "slot": SLOT[spec.kind], "qualified_name": spec.qualified_name,
+        "plugin": spec.plugin, "provider": spec.pin, "target": spec.target_text,
+        "summary": spec.summary or (doc.splitlines()[0] if doc else ""), "doc": doc,
+        "parameters": params, "requires": list(cls.requires), "needs_groups": bool(cls.needs_groups),
+    }
+    if spec.kind == "scorer":
+        info.update(timing=cls.timing, granularity=cls.granularity)
+    else:
+        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        info.update(mechanism=mechanism, min_timing=cls.min_timing, accepts=list(cls.accepts))
+    info["events"] = _events(spec.kind, cls)
+    block, valid = _example_block(spec, cls, registry)
+    info["example"] = _yaml_block(block, cls, SLOT[spec.kind])
+    info["example_validated"] = valid
+    return info
+
+
+def _plain(value: Any) -> Any:
+    """A parameter default as JSON/YAML can write it."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _events(kind: str, cls: Any) -> dict[str, str]:
+    """The bus events the component can act at, each with the condition (empty when none)."""
+    from .components import TIMINGS
+    from .hookspecs import EVENTS
+
+    if kind == "scorer":
+        first = EVENTS.index(TIMINGS[cls.timing])
+        out = {e: "" for e in EVENTS[first:]}
+        if "on_rollout" in out:
+            out["on_rollout"] = "with a selector that keeps whole groups for these scores"
+        if "on_step_end" in out:
+            out["on_step_end"] = "mix only"
+        return out
+    if kind == "reweighter":
+        return {"on_advantage": ""}
+    if kind == "mixer":
+        return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
+    out = {}
+    if cls.min_timing == "post_reward":
+        whole = [g for g in cls.accepts if cls.keeps_whole_groups(g)]
+        if whole:
+            out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
+    out["on_advantage"] = ""
+    return out
+
+
+def _example_params(cls: Any) -> dict[str, Any]:
+    """Every parameter at its default; a required one gets a value its declaration allows."""
+    out = {}
+    for name, p in cls.params.items():
+        if not p.required:
+            out[name] = _plain(p.default)
+            continue
+        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        if p.choices:
+            value: Any = p.choices[0]
+        elif bool in types:
+            value = False
+        elif float in types or int in types:
+            lo = p.low if p.low is not None else (p.high - 1 if p.high is not None else 0)
+            hi = p.high if p.high is not None else lo + 1
+            value = (lo + hi) / 2 if float in types else int(lo) + (1 if p.low_open or p.low is None else 0)
+        elif dict in types:
+            value = {}
+        elif list in types or tuple in types:
+            value = []
+        else:
+            value = "value"
+        out[name] = _plain(value)
+    return out
+
+
+def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], bool]:
+    """A ``dataflex`` block using the component with a fitting partner that passes validation."""
+    from .components import MECHANISM_KIND
+    from .errors import DataflexError
+    from .pipeline import validate
+    from .registry import SLOT
+
+    def ref(s: Any, c: Any) -> dict[str, Any]:
+        ambiguous = len(registry.find(s.name, [SLOT[s.kind]])) > 1
+        return {"name": s.qualified_name if ambiguous else s.name, "params": _example_params(c)}
+
+    mechanisms = list(MECHANISM_KIND)
+    if spec.kind == "scorer":
+        options = [(m, a) for m in mechanisms for a in registry.specs if a.kind == MECHANISM_KIND[m]]
+    else:
+        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        options = [(mechanism, s) for s in registry.specs if s.kind == "scorer"]
+    loaded = []
+    for mechanism, partner in options:
+        try:
+            loaded.append((mechanism, partner, partner.load()))
+        except DataflexError:
+            continue
+
+    def preference(option: tuple[str, Any, Any]) -> tuple[int, bool, int, str]:
+        # The pack's own partners first, then the pairing the actuator lists first in `accepts`.
+        mechanism, partner, p_cls = option
+        scorer_cls, actuator_cls = (cls, p_cls) if spec.kind == "scorer" else (p_cls, cls)
+        accepts = list(actuator_cls.accepts)
+        fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
+        return mechanisms.index(mechanism), partner.provider != spec.provider, fit, partner.name
+
+    def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
+        pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
+        return {"mechanism": mechanism, **pair}
+
+    own = ref(spec, cls)
+    ranked = sorted(loaded, key=preference)
+    for mechanism, partner, p_cls in ranked:
+        block = make(mechanism, ref(partner, p_cls))
+        try:
+            validate(block, registry)
+        except DataflexError:
+            continue
+        return block, True
+    if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
+        mechanism, partner, p_cls = ranked[0]
+        return make(mechanism, ref(partner, p_cls)), False
+    mechanism = "select" if spec.kind == "scorer" else next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+    return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
+
+
+def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
+    """The block as YAML; the component's own required parameters are marked (JSON scalars are YAML)."""
+    lines = ["dataflex:", f"  mechanism: {block['mechanism']}"]
+    for name in ("scorer", "actuator"):
+        ref = block[name]
+        lines.append(f"  {name}:")
+        lines.append(f"    name: {json.dumps(ref['name']) if ref['name'].startswith('<') else ref['name']}")
+        if not ref["params"]:
+            continue
+        lines.append("    params:")
+        for key, value in ref["params"].items():
+            note = ""
+            if name == slot and cls.params[key].required:
+                note = f"  # required: {cls.params[key].describe()}"
+            lines.append(f"      {key}: {json.dumps(value)}{note}")
+    return "\n".join(lines)
+
+
+def _info_text(e: dict[str, Any]) -> str:
+    lines = [f"{e['name']} ({e['kind']}) from {e['provider']}, plugin {e['plugin']!r}"]
+    if e["summary"]:
+        lines.append(f"  {e['summary']}")
+    lines.append(f"  target:       {e['target']}")
+    lines.append(f"  qualified:    {e['qualified_name']}  (the config name when another pack has the same one)")
+    if e["kind"] == "scorer":
+        lines.append(f"  timing:       {e['timing']}")
+        lines.append(f"  granularity:  {e['granularity']}")
+    else:
+        lines.append(f"  mechanism:    {e['mechanism']}")
+        lines.append(f"  min_timing:   {e['min_timing']}")
+        lines.append(f"  accepts:      {', '.join(e['accepts'])}")
+    lines.append(f"  requires:     {', '.join(e['requires']) or '-'}")
+    lines.append(f"  needs_groups: {'yes' if e['needs_groups'] else 'no'}")
+    events = ", ".join(f"{ev} ({cond})" if cond else ev for ev, cond in e["events"].items())
+    lines.append(f"  events:       {events}")
+    if e["parameters"]:
+        lines.append("  parameters:")
+        for p in e["parameters"]:
+            default = "required" if p["required"] else f"default {p['default']!r}"
+            lines.append(f"    {p['name']}: {p['allowed']}, {default}" + (f"  ({p['doc']})" if p["doc"] else ""))
+    else:
+        lines.append("  parameters:   none")
+    note = "" if e["example_validated"] else "  # not checked valid: set the required values (and any <...> name)"
+    lines.append(f"  example:{note}")
+    lines += [f"    {line}" for line in e["example"].splitlines()]
+    body = e["doc"].strip()
+    if body:
+        lines.append("")
+        lines += [f"  {line}".rstrip() for line in body.splitlines()]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- validate
-#: Top-level keys only a verl config has: such a config is checked with its verl context.
-VERL_KEYS = ("actor_rollout_ref", "algorithm", "critic", "reward_model", "custom_reward_function")
-#: The shim's own sections: a config with them (and no verl keys) is checked exactly as `dataflex run` does.
-SHIM_SECTIONS = ("trainer", "model", "data")
+#: Top-level keys only a verl config has: such a file is checked as verl's (the dataflex block against
+#: verl's context), anything else as a shim run config (every section).
+VERL_SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_model", "reward",
+                           "custom_reward_function", "ray_kwargs", "transfer_queue", "global_profiler"})
 
 
-def _context_value(config: dict[str, Any], path: tuple[str, ...], param: Any, issues: list[Any]) -> Any:
-    """The value at ``path`` checked against ``param`` (``None`` when absent); a non-mapping on the way or
-    a bad value becomes an issue naming its dotted key."""
+def verl_context(config: dict[str, Any], issues: list[Any]) -> dict[str, Any]:
+    """What validation checks a block against in a verl config: ``algorithm.adv_estimator`` and
+    ``actor_rollout_ref.rollout.n`` (a non-integer ``n``, a non-string estimator or a section that is not a
+    mapping is an issue naming its key, not a traceback)."""
+    from .errors import ConfigIssue
+
+    ctx: dict[str, Any] = {}
+    algorithm = _section(config, ("algorithm",), issues)
+    estimator = algorithm.get("adv_estimator")
+    if estimator is not None:
+        if isinstance(estimator, str) and estimator:
+            ctx["adv_estimator"] = estimator
+        else:
+            issues.append(ConfigIssue("algorithm.adv_estimator", f"expected an estimator name (a string), got "
+                                      f"{type(estimator).__name__} {estimator!r}"))
+    rollout = _section(config, ("actor_rollout_ref", "rollout"), issues)
+    if "n" in rollout:
+        n = rollout["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            issues.append(ConfigIssue("actor_rollout_ref.rollout.n", f"expected an integer >= 1 (responses per "
+                                      f"prompt), got {type(n).__name__} {n!r}"))
+        else:
+            ctx["rollout_n"] = n
+    return ctx
+
+
+def _section(config: dict[str, Any], path: tuple[str, ...], issues: list[Any]) -> dict[str, Any]:
+    """The mapping at ``path`` (empty when absent); one that is not a mapping is an issue naming its key."""
     from .errors import ConfigIssue
 
     node: Any = config
-    for depth, part in enumerate(path):
+    for depth in range(len(path)):
+        node = node.get(path[depth])
+        if node is None:
+            return {}
         if not isinstance(node, dict):
-            issues.append(ConfigIssue(".".join(path[:depth]), f"expected a mapping, got {type(node).__name__} "
-                                      f"{node!r}"))
-            return None
-        if part not in node or node[part] is None:
-            return None
-        node = node[part]
-    value, issue = param.coerce(".".join(path), node)
-    if issue is not None:
-        issues.append(issue)
-        return None
-    return value
+            issues.append(ConfigIssue(".".join(path[: depth + 1]), f"expected a mapping, got "
+                                      f"{type(node).__name__} {node!r}"))
+            return {}
+    return node
 
 
-def host_context(config: dict[str, Any]) -> dict[str, Any]:
-    """Facts about a verl host that validation checks against: ``algorithm.adv_estimator`` and
-    ``actor_rollout_ref.rollout.n``, type-checked. Raises :class:`ConfigError` naming a bad key."""
+def check_config(config: dict[str, Any]) -> Any:
+    """Check a whole config file the way the host that runs it would, every problem at once: a verl config's
+    ``dataflex`` block against verl's context, a shim config's every section. Returns the validated block
+    (``None``: no method, plain GRPO); raises :class:`~dataflex_bus.errors.ConfigError`."""
     from .errors import ConfigError
-    from .schema import Param
 
-    issues: list[Any] = []
-    ctx: dict[str, Any] = {}
-    estimator = _context_value(config, ("algorithm", "adv_estimator"), Param(str, nonempty=True), issues)
-    if estimator is not None:
-        ctx["adv_estimator"] = estimator
-    n = _context_value(config, ("actor_rollout_ref", "rollout", "n"), Param(int, low=1), issues)
-    if n is not None:
-        ctx["rollout_n"] = n
-    if issues:
-        raise ConfigError(issues)
-    return ctx
+    if VERL_SECTIONS & set(config):
+        from .validation import validate
+
+        issues: list[Any] = []
+        context = verl_context(config, issues)
+        block, cfg = config.get("dataflex"), None
+        if block:
+            try:
+                cfg = validate(block, context=context)
+            except ConfigError as exc:
+                issues.extend(exc.issues)
+        if issues:
+            raise ConfigError(issues)
+        return cfg
+    from .shim.config import prepare
+
+    return prepare(config).method
+
+
+def validation_report(cfg: Any) -> list[str]:
+    """What ``dataflex validate`` and ``dataflex run --dry-run`` print for a valid config."""
+    if cfg is None:
+        return ["ok: no dataflex block: plain GRPO, no method"]
+    lines = [f"warning: {warning}" for warning in cfg.warnings]
+    for method in cfg.methods:
+        name = f"{method.name}: " if cfg.stacked else ""
+        lines.append(f"ok: {name}mechanism={method.mechanism} scorer={method.scorer.name} "
+                     f"actuator={method.actuator.name}")
+    return lines
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .errors import ConfigError, ConfigIssue
-    from .validation import validate
 
-    config = load_config(args.config, args.overrides)
-    block = config.get("dataflex")
-    if block is None:
-        raise ConfigError(ConfigIssue("dataflex", f"{args.config} has no `dataflex:` block"))
-    cfg: DataflexConfig | None = None
-    if any(key in config for key in VERL_KEYS):
-        issues: list[ConfigIssue] = []
-        try:
-            context = host_context(config)
-        except ConfigError as exc:  # report the block's problems with the context's, all at once
-            issues += exc.issues
-            context = {}
-        try:
-            cfg = validate(block, context=context)
-        except ConfigError as exc:
-            issues += exc.issues
-        if issues:
-            raise ConfigError(issues)
-        checked = "with the verl context" + "".join(f" {k}={v}" for k, v in context.items())
-    elif any(key in config for key in SHIM_SECTIONS):
-        from .shim.config import prepare
-
-        cfg = prepare(config).method
-        checked = "as a dataflex run config (every section, as `dataflex run` checks it)"
-    else:
-        cfg = validate(block)
-        checked = "the dataflex block alone (no host sections)"
-    if cfg is None:  # `dataflex: {}` or null: plain GRPO
-        print(f"ok: no dataflex method (plain GRPO); checked {checked}")
-        return 0
-    for m in cfg.methods:
-        name = f"{m.name}: " if len(cfg.methods) > 1 else ""
-        print(f"ok: {name}mechanism={m.mechanism} scorer={m.scorer.name} actuator={m.actuator.name}")
-    print(f"checked {checked}")
+    print("\n".join(validation_report(check_config(load_config(args.config, args.overrides)))))
     return 0
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import ConfigIssue
+from .errors import BatchFieldError, ConfigIssue
 from .schema import Param, check_section
 
 if TYPE_CHECKING:
@@ -125,7 +125,9 @@ class Scorer(Component):
     #: Needs several rollouts per prompt (a group-based advantage estimator such as GRPO).
     needs_groups: ClassVar[bool] = False
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score | Tensor:
+        """Score ``batch`` at training ``step``: a :class:`Score`, or a plain tensor shaped by
+        :attr:`granularity` (``[B]``, ``[B, T]`` or ``[D]``). ``ctx`` holds ``event``, the bus event."""
         raise NotImplementedError(f"{type(self).__name__}.score")
 
 
@@ -140,6 +142,8 @@ class Actuator(Component):
     #: Batch fields the actuator itself reads, beyond the scorer's.
     requires: ClassVar[Sequence[str]] = ()
     needs_groups: ClassVar[bool] = False
+    #: Scorers whose statistic this actuator is defined on (its paper's); others are warned, not refused.
+    intended_scorers: ClassVar[Sequence[str]] = ()
 
 
 @dataclass
@@ -174,7 +178,7 @@ class Selector(Actuator):
         """
         return False
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         raise NotImplementedError(f"{type(self).__name__}.select")
 
 
@@ -194,7 +198,7 @@ class Reweighter(Actuator):
     min_timing: ClassVar[str] = "post_advantage"
     accepts: ClassVar[Sequence[str]] = ("prompt", "response", "token")
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         raise NotImplementedError(f"{type(self).__name__}.reweight")
 
 
@@ -214,13 +218,123 @@ class Mixer(Actuator):
     def set_domains(self, domains: Sequence[str]) -> None:
         self.domains = list(domains)
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         """Fold this step's statistics in; returns metrics."""
         raise NotImplementedError(f"{type(self).__name__}.update")
 
     def probabilities(self) -> Tensor:
         """Float ``[D]`` summing to 1, aligned with ``self.domains``."""
         raise NotImplementedError(f"{type(self).__name__}.probabilities")
+
+
+# ---------------------------------------------------------------------------- checks the bus relies on
+def as_score(result: Any, scorer: Scorer, batch: Batch) -> Score:
+    """What ``scorer.score(batch, ...)`` returned, as a checked :class:`Score`.
+
+    A scorer may return a :class:`Score` or a plain tensor (the seed's contract); either way the values
+    must be a real-valued tensor shaped by the declared granularity: ``[B]`` for ``prompt``/``response``,
+    ``[B, T]`` for ``token`` (``T`` the response width), ``[D]`` for ``domain`` (``D`` the batch's domain
+    names). Raises :class:`~dataflex_bus.errors.BatchFieldError` naming the scorer and field ``score``.
+    """
+    import torch
+
+    who = f"scorer {scorer.name or type(scorer).__name__!r}"
+    granularity = scorer.granularity
+    if isinstance(result, Score):
+        score = result
+        if score.granularity != granularity:
+            raise BatchFieldError(who, "score", f"declares granularity {granularity!r} but returned a "
+                                  f"{score.granularity!r} Score")
+        if not isinstance(score.values, torch.Tensor):
+            raise BatchFieldError(who, "score",
+                                  f"Score.values must be a tensor, got {type(score.values).__name__}")
+    elif isinstance(result, torch.Tensor):
+        score = Score(result, granularity)
+    else:
+        raise BatchFieldError(who, "score",
+                              f"score() must return a Score or a tensor, got {type(result).__name__}")
+    values = score.values
+    if values.dtype == torch.bool or values.is_complex():
+        raise BatchFieldError(who, "score", f"expected a float or integer tensor, got {values.dtype}")
+    rows = len(batch)
+    shape = tuple(values.shape)
+    if granularity == "token":
+        mask = batch.fields.get("response_mask")
+        width = mask.shape[-1] if mask is not None and mask.dim() == 2 else None
+        ok = len(shape) == 2 and shape[0] == rows and (width is None or shape[1] == width)
+        expected = f"({rows}, {width if width is not None else 'T'}) (one value per response token)"
+    elif granularity == "domain":
+        ok = shape == (len(batch.domain_names),)
+        expected = f"({len(batch.domain_names)},) (one value per domain of {batch.domain_names})"
+    else:
+        ok = shape == (rows,)
+        expected = f"({rows},) (one value per row)"
+    if not ok:
+        raise BatchFieldError(who, "score", f"{granularity}-level scores must have shape {expected}, got {shape}")
+    for name in ("counts", "totals"):
+        extra = getattr(score, name)
+        if extra is not None and (not isinstance(extra, torch.Tensor) or tuple(extra.shape) != (rows,)):
+            got = tuple(extra.shape) if isinstance(extra, torch.Tensor) else type(extra).__name__
+            raise BatchFieldError(who, f"score.{name}", f"expected a tensor of shape ({rows},), got {got}")
+    return score
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and all(
+        isinstance(v, str) for v in value)
+
+
+def class_attribute_problems(cls: type[Component]) -> list[str]:
+    """Invalid class-level declarations of a component class, each as ``"Class.attr = value: why"``.
+
+    The bus wires and validates methods from these attributes, so a typo (``timing = "after_lunch"``)
+    must be refused when the class is loaded, not surface later as a traceback inside a training step.
+    """
+    problems: list[str] = []
+
+    def bad(attr: str, value: Any, why: str) -> None:
+        problems.append(f"{cls.__name__}.{attr} = {value!r}: {why}")
+
+    def one_of(attr: str, allowed: Sequence[str]) -> None:
+        value = getattr(cls, attr, None)
+        if not isinstance(value, str) or value not in allowed:
+            bad(attr, value, f"expected one of {', '.join(allowed)}")
+
+    params = getattr(cls, "params", None)
+    if not isinstance(params, Mapping):
+        bad("params", params, "expected a mapping of parameter name to Param(...)")
+    else:
+        for key, spec in params.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                problems.append(f"{cls.__name__}.params: key {key!r} is not a Python identifier")
+            elif not isinstance(spec, Param):
+                bad(f"params[{key!r}]", spec, "expected a Param(...) declaration")
+            elif not all(isinstance(t, type) for t in (spec.type if isinstance(spec.type, tuple) else (spec.type,))):
+                bad(f"params[{key!r}].type", spec.type, "expected a type or a tuple of types")
+            elif not spec.required and (issue := spec.coerce(key, spec.default)[1]) is not None:
+                bad(f"params[{key!r}].default", spec.default, f"the default breaks its own declaration: "
+                    f"{issue.message}")
+    requires = getattr(cls, "requires", ())
+    if not _is_names(requires):
+        bad("requires", requires, "expected a sequence of batch field names, e.g. ('rm_scores',)")
+    if not isinstance(getattr(cls, "needs_groups", False), bool):
+        bad("needs_groups", cls.needs_groups, "expected True or False")
+    if getattr(cls, "kind", "") == "scorer":
+        one_of("timing", list(TIMINGS))
+        one_of("granularity", GRANULARITIES)
+    else:
+        one_of("min_timing", list(TIMINGS))
+        accepts = getattr(cls, "accepts", None)
+        if not _is_names(accepts) or not accepts or any(g not in GRANULARITIES for g in accepts):
+            bad("accepts", accepts, f"expected a non-empty sequence of granularities from "
+                f"{', '.join(GRANULARITIES)}")
+        intended = getattr(cls, "intended_scorers", ())
+        if not _is_names(intended):
+            bad("intended_scorers", intended, "expected a sequence of scorer names")
+        for flag in ("rewrites_advantages", "filters_zero_variance"):
+            if not isinstance(getattr(cls, flag, False), bool):
+                bad(flag, getattr(cls, flag), "expected True or False")
+    return problems
 
 
 # ---------------------------------------------------------------------------- in-process registration

@@ -6,6 +6,8 @@ against the installed plugins in :mod:`dataflex_bus.validation`.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,19 +19,65 @@ __all__ = ["ComponentRef", "DataflexConfig", "MethodConfig", "apply_overrides", 
            "parse_override_value"]
 
 # ---------------------------------------------------------------------------- files and overrides
+#: YAML 1.1 floats need a dot (``1.0e-3``), so PyYAML reads ``1e-3`` as a string; ML configs write
+#: learning rates and thresholds exactly that way. This adds the YAML 1.2 forms: a mantissa without a
+#: dot (``1e-3``, ``3E5``) and an exponent without a sign (``1.0e5``).
+_FLOAT_12 = re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$""")
+
+
+@functools.cache
+def _loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that also reads ``1e-3`` / ``1E5`` as floats."""
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+    return Loader
+
+
+def _parse_yaml(text: str, name: str) -> Any:
+    """Parse ``text``; syntax errors name ``name`` (the file) instead of ``<unicode string>``."""
+    loader = _loader()(text)
+    loader.name = name  # what PyYAML's marks (line/column of an error) report as the source
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML error as one line: where (line, column), what, and in what context."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return problem
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        text += f" ({context}" + (f" started at line {cmark.line + 1}" if cmark is not None else "") + ")"
+    return text
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a dict (an empty file is an empty config)."""
     import yaml
 
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as exc:
         raise ConfigError(ConfigIssue(str(p), f"cannot read config file: {exc.strerror or exc}")) from exc
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")  # a UTF-8 byte-order mark (some Windows editors) is accepted
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(ConfigIssue(str(p), f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}, offset "
+                                      f"{exc.start}): save the config file as UTF-8")) from None
+    try:
+        data = _parse_yaml(text, str(p))
     except yaml.YAMLError as exc:
-        raise ConfigError(ConfigIssue(str(p), f"not valid YAML: {exc}")) from exc
+        raise ConfigError(ConfigIssue(str(p), f"not valid YAML: {_yaml_problem(exc)}")) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -38,13 +86,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def parse_override_value(text: str) -> Any:
-    """Parse an override value the way Hydra users expect: YAML scalars, lists and mappings."""
+    """Parse an override value the way Hydra users expect: YAML scalars, lists and mappings
+    (``1e-3`` is a float, as in config files)."""
     import yaml
 
     if text == "":
         return ""
     try:
-        return yaml.safe_load(text)
+        return _parse_yaml(text, "<override>")
     except yaml.YAMLError:
         return text
 

@@ -8,14 +8,23 @@ failure is recorded with plugin, distribution, version and error, and reported o
 Environment:
 
 * ``DATAFLEX_LOAD_PLUGINS``: comma-separated allowlist of entry-point or distribution names. Unset:
-  load all; set but empty: load none.
+  load all; set but empty: load none. The first-party packs are ordinary plugins of the
+  ``dataflex-bus`` distribution and obey it too (list ``dataflex-bus`` to keep them).
 * ``DATAFLEX_DISABLE_PLUGINS``: comma-separated denylist, same names. A disabled plugin is never
   imported.
 * ``DATAFLEX_STRICT_PLUGINS``: ``1`` re-raises the first load failure.
+* ``DATAFLEX_DEBUG``: ``1`` writes ``dataflex: loading plugin X (dist==version)`` to stderr before each
+  import (and prints the traceback of a failure), so a plugin that ends the process is still named.
+
+A list entry naming no installed plugin or distribution is warned about with a did-you-mean.
+:func:`check_plugins` imports every plugin and component target in a child process, so a pack that
+kills the interpreter (``os._exit``) or hangs at import is named instead of taking the caller with it.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import sys
 import traceback
@@ -26,13 +35,23 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import PluginLoadError
-from .registry import ComponentSpec, Register, Registry, local_specs, normalize_name
+from .errors import DataflexError, PluginLoadError
+from .registry import (
+    ComponentSpec,
+    DisabledPlugin,
+    Register,
+    Registry,
+    debug_mode,
+    local_specs,
+    normalize_name,
+)
 
 ENTRY_POINT_GROUP = "dataflex"
 ENV_LOAD = "DATAFLEX_LOAD_PLUGINS"
 ENV_DISABLE = "DATAFLEX_DISABLE_PLUGINS"
 ENV_STRICT = "DATAFLEX_STRICT_PLUGINS"
+#: The distribution of the first-party packs (dataflex-bus itself).
+FIRST_PARTY = "dataflex-bus"
 
 ACTIVE, DISABLED, FAILED = "active", "disabled", "failed"
 
@@ -48,11 +67,20 @@ class PluginRecord:
     error: str | None = None
     components: list[ComponentSpec] = field(default_factory=list)
     module: Any = field(default=None, repr=False)
+    #: Problems that do not stop the plugin loading (a hook defined without ``@hookimpl``).
+    warnings: list[str] = field(default_factory=list)
+    #: The environment variable that disabled the plugin, and why (``None`` unless disabled).
+    disabled_by: str | None = None
+    disabled_reason: str | None = None
 
     @property
     def pin(self) -> str:
         """``name==version`` of the providing distribution, as recorded with every run."""
         return f"{self.distribution or self.name}=={self.version or 'unknown'}"
+
+    @property
+    def label(self) -> str:
+        return f"plugin {self.name!r} ({self.pin})"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -61,13 +89,19 @@ class PluginRecord:
             "version": self.version,
             "status": self.status,
             "error": self.error,
-            "components": [{"name": c.name, "kind": c.kind}
+            "warnings": list(self.warnings),
+            "disabled_by": self.disabled_by,
+            "components": [{"name": c.name, "kind": c.kind, "summary": c.summary, "target": c.target_text}
                            for c in sorted(self.components, key=lambda c: (c.kind, c.name))],
         }
 
 
+def _raw_env(var: str) -> str | None:
+    return os.environ.get(var)
+
+
 def _names_from_env(var: str) -> set[str] | None:
-    raw = os.environ.get(var)
+    raw = _raw_env(var)
     if raw is None:
         return None
     return {normalize_name(n.strip()) for n in raw.split(",") if n.strip()}
@@ -86,9 +120,13 @@ def new_plugin_manager() -> pluggy.PluginManager:
 class PluginSet:
     """The result of one discovery pass: records (active, disabled, failed) and the loaded modules."""
 
-    def __init__(self, records: list[PluginRecord], pm: pluggy.PluginManager) -> None:
+    def __init__(self, records: list[PluginRecord], pm: pluggy.PluginManager,
+                 warnings: list[str] | None = None, probes: dict[str, Any] | None = None) -> None:
         self.records = records
         self.pm = pm
+        #: Problems with the environment itself (an allow/deny entry naming no installed plugin).
+        self.warnings = list(warnings or [])
+        self._probes = dict(probes or {})
 
     @property
     def active(self) -> list[PluginRecord]:
@@ -101,7 +139,11 @@ class PluginSet:
     def registry(self) -> Registry:
         """Components of active plugins plus in-process registrations (read fresh on every call)."""
         specs = [c for r in self.active for c in r.components]
-        return Registry([*specs, *local_specs()])
+        disabled = [DisabledPlugin(r.name, r.distribution, r.version, r.disabled_reason or "is disabled",
+                                   self._probes.get(r.name) if _is_first_party(r.distribution) else None,
+                                   r.disabled_by or ENV_LOAD)
+                    for r in self.records if r.status == DISABLED]
+        return Registry([*specs, *local_specs()], disabled)
 
     def pins(self) -> list[str]:
         return sorted({r.pin for r in self.active})
@@ -116,17 +158,44 @@ class PluginSet:
         return out
 
 
+def _is_first_party(distribution: str | None) -> bool:
+    return distribution is not None and normalize_name(distribution) == FIRST_PARTY
+
+
 def _unknown_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
     """Hook implementations of ``plugin`` that match no hookspec (a misspelt hook)."""
     return sorted(h.name for h in pm.get_hookcallers(plugin) or [] if h.spec is None)
 
 
-def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
+def _hook_warnings(pm: pluggy.PluginManager, module: object, components: list[ComponentSpec]) -> list[str]:
+    """Hooks pluggy silently ignores: a function named like a hook but without ``@hookimpl``."""
+    warnings = []
+    for hook in sorted(hookspecs.documented_hooks()):
+        fn = getattr(module, hook, None)
+        if callable(fn) and pm.parse_hookimpl_opts(module, hook) is None:
+            what = "registers no component" if hook == "dataflex_register" else "is never called"
+            warnings.append(f"defines {hook}() without @hookimpl, so it {what}: decorate it with "
+                            "@dataflex_bus.hookimpl")
+    if not warnings and not components:
+        hooks = {h.name for h in pm.get_hookcallers(module) or []}
+        if not hooks & set(hookspecs.EVENTS):
+            warnings.append("registers no component and implements no event hook")
+    return warnings
+
+
+def _dist_of(ep: Any) -> tuple[str | None, str | None]:
     dist = getattr(ep, "dist", None)
-    dist_name = dist.metadata["Name"] if dist is not None else None
-    version = dist.version if dist is not None else None
+    return (dist.metadata["Name"], dist.version) if dist is not None else (None, None)
+
+
+def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
+    dist_name, version = _dist_of(ep)
     record = PluginRecord(ep.name, dist_name, version, ACTIVE)
     key = f"{normalize_name(dist_name or '')}:{ep.name}"
+    if debug_mode():
+        # Flushed before the import: if the plugin ends the process (os._exit), this is the last line.
+        sys.stderr.write(f"dataflex: loading plugin {ep.name!r} ({record.pin})\n")
+        sys.stderr.flush()
     try:
         module = ep.load()
         if pm.is_registered(module):
@@ -148,6 +217,7 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
             raise
         record.components = register.specs
         record.module = module
+        record.warnings = _hook_warnings(pm, module, record.components)
     except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() must not end the host
         record.status = FAILED
         record.error = f"{type(exc).__name__}: {exc}"
@@ -160,34 +230,207 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
             f"dataflex: plugin {ep.name!r} ({dist_name or '?'} {version or ''}) failed to load and is skipped: "
             f"{record.error}\n"
         )
-        if os.environ.get("DATAFLEX_DEBUG"):
+        if debug_mode():
             traceback.print_exception(exc)
+    for warning in record.warnings:
+        sys.stderr.write(f"dataflex: warning: {record.label}: {warning}\n")
     return record
 
 
-def discover(*, strict: bool | None = None) -> PluginSet:
-    """Scan the entry-point group and load every allowed plugin. Prefer :func:`get_plugins` (memoised)."""
-    strict = strict_mode() if strict is None else strict
+@dataclass
+class _Plan:
+    """What discovery will do with each entry point, decided before anything is imported."""
+
+    entries: list[tuple[Any, str | None, str | None]]  # (entry point, disabling variable, reason)
+    warnings: list[str]
+
+
+def _env_entry_warnings(var: str, wanted: set[str] | None, known: set[str]) -> list[str]:
+    if not wanted:
+        return []
+    import difflib
+
+    out = []
+    for name in sorted(wanted - known):
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        out.append(f"{var} entry {name!r} names no installed plugin or distribution{hint} "
+                   f"(installed: {', '.join(sorted(known)) or 'none'})")
+    return out
+
+
+def _plan() -> _Plan:
     allow = _names_from_env(ENV_LOAD)
     deny = _names_from_env(ENV_DISABLE) or set()
-    pm = new_plugin_manager()
-    records: list[PluginRecord] = []
     eps = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         # A distribution on sys.path twice shows its entry points twice on Python < 3.12: keep one.
         dist_key = normalize_name(ep.dist.metadata["Name"]) if ep.dist else ""
         eps.setdefault((dist_key, ep.name), ep)
-    for _, ep in sorted(eps.items()):
-        dist = getattr(ep, "dist", None)
-        names = {normalize_name(ep.name)}
-        if dist is not None:
-            names.add(normalize_name(dist.metadata["Name"]))
-        if (allow is not None and not names & allow) or names & deny:
-            records.append(PluginRecord(ep.name, dist.metadata["Name"] if dist else None,
-                                        dist.version if dist else None, DISABLED))
+    known: set[str] = set()
+    entries = []
+    for (dist_key, _), ep in sorted(eps.items()):
+        names = {normalize_name(ep.name)} | ({dist_key} if dist_key else set())
+        known |= names
+        if names & deny:
+            entries.append((ep, ENV_DISABLE, f"{ENV_DISABLE}={_raw_env(ENV_DISABLE)!r} lists it"))
+        elif allow is not None and not names & allow:
+            entries.append((ep, ENV_LOAD, f"{ENV_LOAD}={_raw_env(ENV_LOAD)!r} leaves it out"))
+        else:
+            entries.append((ep, None, None))
+    warnings = [*_env_entry_warnings(ENV_LOAD, allow, known), *_env_entry_warnings(ENV_DISABLE, deny, known)]
+    return _Plan(entries, warnings)
+
+
+def _probe(ep: Any) -> list[ComponentSpec]:
+    """What a (disabled, first-party) plugin would register, without registering it anywhere."""
+    dist_name, version = _dist_of(ep)
+    register = Register(ep.name, dist_name, version)
+    fn = getattr(ep.load(), "dataflex_register", None)
+    if callable(fn):
+        fn(register=register)
+    return register.specs
+
+
+def discover(*, strict: bool | None = None) -> PluginSet:
+    """Scan the entry-point group and load every allowed plugin. Prefer :func:`get_plugins` (memoised)."""
+    strict = strict_mode() if strict is None else strict
+    plan = _plan()
+    for warning in plan.warnings:
+        sys.stderr.write(f"dataflex: warning: {warning}\n")
+    pm = new_plugin_manager()
+    records: list[PluginRecord] = []
+    probes = {}
+    for ep, variable, reason in plan.entries:
+        if variable is None:
+            records.append(_load_one(ep, pm, strict))
             continue
-        records.append(_load_one(ep, pm, strict))
-    return PluginSet(records, pm)
+        dist_name, version = _dist_of(ep)
+        records.append(PluginRecord(ep.name, dist_name, version, DISABLED, disabled_by=variable,
+                                    disabled_reason=reason))
+        if _is_first_party(dist_name):
+            probes[ep.name] = functools.partial(_probe, ep)
+    return PluginSet(records, pm, plan.warnings, probes)
+
+
+# ---------------------------------------------------------------------------- plugins --check
+_CHECK_SKIP = "_DATAFLEX_CHECK_SKIP"  # set by check_plugins for its child: plugins/components not to touch
+
+
+def _component_key(plugin_key: str, kind: str, name: str) -> str:
+    return f"{plugin_key}|{kind}:{name}"
+
+
+def _check_child(progress: str) -> None:
+    """Body of the ``plugins --check`` child: load, register and import everything, reporting each step
+    to ``progress`` (JSON lines, flushed) *before* doing it, so a process that dies is explained."""
+    skip = set(json.loads(os.environ.get(_CHECK_SKIP) or "[]"))
+    with open(progress, "a", encoding="utf-8") as out:
+        def emit(**event: Any) -> None:
+            out.write(json.dumps(event) + "\n")
+            out.flush()
+
+        pm = new_plugin_manager()
+        for ep, variable, reason in _plan().entries:
+            dist_name, version = _dist_of(ep)
+            key = f"{normalize_name(dist_name or '')}:{ep.name}"
+            if variable is not None:
+                record = PluginRecord(ep.name, dist_name, version, DISABLED, disabled_by=variable,
+                                      disabled_reason=reason)
+                emit(event="record", key=key, record=record.as_json())
+                continue
+            if key in skip:
+                emit(event="skipped", key=key)
+                continue
+            emit(event="loading", key=key, name=ep.name, distribution=dist_name, version=version)
+            record = _load_one(ep, pm, strict=False)
+            emit(event="record", key=key, record=record.as_json())
+            for spec in record.components:
+                ckey = _component_key(key, spec.kind, spec.name)
+                if ckey in skip:
+                    continue
+                emit(event="importing", key=ckey, target=spec.target_text)
+                try:
+                    spec.load()
+                    emit(event="checked", key=ckey, error=None)
+                except (Exception, SystemExit) as exc:
+                    text = str(exc) if isinstance(exc, PluginLoadError) else f"{type(exc).__name__}: {exc}"
+                    emit(event="checked", key=ckey, error=text)
+        emit(event="done")
+
+
+def _how_it_ended(returncode: int | None, timeout: float) -> str:
+    if returncode is None:
+        return f"did not finish within {timeout:g} s (killed)"
+    if returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exit status {returncode}, no Python exception (os._exit or a crash?)"
+
+
+def check_plugins(timeout: float = 300.0) -> list[dict[str, Any]]:
+    """Import every allowed plugin *and every component it registers* in a child process, checking each
+    target is a component of the declared kind with valid class attributes.
+
+    Returns the ``plugins --json`` records, each component with a ``check`` entry (``"ok"`` or the
+    error). A plugin or component module that ends the child (``os._exit``, a crash, a hang past
+    ``timeout`` seconds) is named in its record; the child is then rerun without it, so the others are
+    still checked. The calling process imports no plugin.
+    """
+    import subprocess  # only --check pays for these imports; listing stays lean
+    import tempfile
+
+    dead: dict[str, dict[str, Any]] = {}   # plugin key -> failed record made up here
+    dead_components: dict[str, str] = {}   # component key -> error
+    env = {**os.environ, ENV_STRICT: "0",
+           # The child sees exactly this process's import path (tests and tools may have extended it).
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = "import sys; from dataflex_bus.discovery import _check_child; _check_child(sys.argv[1])"
+    with tempfile.TemporaryDirectory(prefix="dataflex-check-") as tmp:
+        for attempt in range(1000):
+            progress = os.path.join(tmp, f"pass{attempt}.jsonl")
+            env[_CHECK_SKIP] = json.dumps(sorted([*dead, *dead_components]))
+            returncode: int | None
+            try:
+                proc = subprocess.run([sys.executable, "-c", code, progress], env=env, timeout=timeout,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                returncode, stderr = proc.returncode, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                returncode = None
+                stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            events = []
+            if os.path.exists(progress):
+                with open(progress, encoding="utf-8") as f:
+                    events = [json.loads(line) for line in f if line.endswith("\n")]
+            if events and events[-1]["event"] == "done":
+                break
+            last = events[-1] if events else None
+            how = _how_it_ended(returncode, timeout)
+            if last is not None and last["event"] == "loading":
+                dead[last["key"]] = {
+                    "name": last["name"], "distribution": last["distribution"], "version": last["version"],
+                    "status": FAILED, "warnings": [], "disabled_by": None, "components": [],
+                    "error": f"the process ended while this plugin was imported and registered: {how}",
+                }
+            elif last is not None and last["event"] == "importing":
+                dead_components[last["key"]] = (f"the process ended while importing {last['target']!r}: {how}")
+            else:
+                tail = stderr.strip().splitlines()[-5:]
+                raise DataflexError(f"plugins --check: the checking process failed ({how}): "
+                                    + (" | ".join(tail) or "no output"))
+    records = []
+    for event in events:
+        if event["event"] == "skipped":
+            records.append(dead[event["key"]])
+        elif event["event"] == "record":
+            records.append(event["record"])
+    checks = {e["key"]: e["error"] for e in events if e["event"] == "checked"}
+    checks.update(dead_components)
+    for record in records:
+        key = f"{normalize_name(record['distribution'] or '')}:{record['name']}"
+        for component in record["components"]:
+            error = checks.get(_component_key(key, component["kind"], component["name"]))
+            component["check"] = "ok" if error is None else error
+    return records
 
 
 _CACHE: PluginSet | None = None

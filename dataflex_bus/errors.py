@@ -57,6 +57,38 @@ class UnknownComponentError(DataflexError, LookupError):
     """No installed plugin provides the requested component."""
 
 
+class RemoteCause(Exception):
+    """Stand-in for a plugin's exception that does not survive pickling (a local class, an ``__init__``
+    with required arguments): its type name, message and formatted traceback, as plain strings."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.type_name, self.message, self.traceback_text))
+
+
+def _type_name(exc: BaseException) -> str:
+    return exc.type_name if isinstance(exc, RemoteCause) else type(exc).__name__
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles and unpickles, else a :class:`RemoteCause` carrying what it said."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        import traceback
+
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return RemoteCause(type(exc).__name__, str(exc), text)
+
+
 class PluginRuntimeError(DataflexError, RuntimeError):
     """A participant (a component wired by the config) raised inside a bus event."""
 
@@ -64,10 +96,12 @@ class PluginRuntimeError(DataflexError, RuntimeError):
         self.plugin = plugin
         self.hook = hook
         self.cause = cause
-        super().__init__(f"plugin {plugin!r} failed in hook {hook!r}: {type(cause).__name__}: {cause}")
+        super().__init__(f"plugin {plugin!r} failed in hook {hook!r}: {_type_name(cause)}: {cause}")
 
     def __reduce__(self):
-        return (type(self), (self.plugin, self.hook, self.cause))
+        # Ray pickles the error back to the driver: a cause that cannot make the trip would make the
+        # whole error fail to unpickle and lose the plugin's name, so it travels as plain text instead.
+        return (type(self), (self.plugin, self.hook, _portable(self.cause)))
 
 
 class BatchFieldError(DataflexError, ValueError):

@@ -16,7 +16,7 @@ import torch
 
 from .block import MethodConfig
 from .bus import BatchWatch, PluginInterrupt, batch_write_error
-from .components import Mixer, Reweighter, Score, Scorer, Selector
+from .components import Mixer, Reweighter, Score, Scorer, Selector, as_score
 from .decision import Decision, check_probabilities
 from .errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError, PluginRuntimeError
 from .ops import segment_max, segment_min
@@ -115,7 +115,7 @@ class Method:
         those rows marked as padding, so no statistic, group or normalisation counts them."""
         batch.require(self.scorer.who, self.scorer.requires)
         batch.require(self.actuator.who, self.actuator.requires)  # type: ignore[attr-defined]
-        score = self._call("scorer", self.scorer.score, batch, step)
+        score = self._call("scorer", self._scored, batch, step)
         values = score.values
         bad = batch.nonfinite_rows(values) if values.dim() >= 1 and values.shape[0] == len(batch) else None
         if bad is None:
@@ -129,9 +129,13 @@ class Method:
         self.counters["nonfinite_rows"] += count
         metrics[f"{self.prefix}nonfinite_rows"] = float(count)
         view = batch.derive(is_padding=batch.is_padding | bad)
-        score = self._call("scorer", self.scorer.score, view, step)
+        score = self._call("scorer", self._scored, view, step)
         self._score_metrics(score, metrics)
         return view, score, bad
+
+    def _scored(self, batch: Batch, step: int) -> Score:
+        """The scorer's output as a :class:`Score` (plain tensors accepted, shape and dtype checked)."""
+        return as_score(self.scorer.score(batch, step), self.scorer, batch)
 
     def _score_metrics(self, score: Score, metrics: dict[str, float]) -> None:
         for k, v in score.metrics.items():

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .components import KINDS
+from .components import KINDS, class_attribute_problems
 from .errors import CollisionError, PluginLoadError, UnknownComponentError
 
 if TYPE_CHECKING:
@@ -28,6 +30,11 @@ LOCAL_PLUGIN = "local"
 def normalize_name(name: str) -> str:
     """PEP 503 normalisation, used for distribution and entry-point names alike."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def debug_mode() -> bool:
+    """``DATAFLEX_DEBUG=1``: name each plugin and component module on stderr before importing it."""
+    return os.environ.get("DATAFLEX_DEBUG", "").strip().lower() not in {"", "0", "false", "no", "off"}
 
 
 @dataclass
@@ -61,6 +68,12 @@ class ComponentSpec:
         target = self.target
         if isinstance(target, str):
             module_name, _, attr = target.partition(":")
+            if debug_mode():
+                # Flushed before the import: a component module that kills the process (os._exit) is
+                # then still named on stderr.
+                sys.stderr.write(f"dataflex: importing {self.kind} {self.name!r} from {target!r} "
+                                 f"(plugin {self.plugin!r}, {self.pin})\n")
+                sys.stderr.flush()
             try:
                 obj: Any = importlib.import_module(module_name)
                 for part in attr.split("."):
@@ -77,8 +90,28 @@ class ComponentSpec:
                 f"plugin {self.plugin!r} ({self.provider}): {self.name!r} was registered as a {self.kind} "
                 f"but {target!r} is {getattr(obj, 'kind', None) or type(obj).__name__!r}"
             )
+        problems = class_attribute_problems(obj)
+        if problems:
+            raise PluginLoadError(
+                f"plugin {self.plugin!r} ({self.provider}): {self.kind} {self.name!r} ({self.target_text}) has "
+                f"invalid class attributes: {'; '.join(problems)}"
+            )
         self._loaded = obj
         return obj
+
+    @property
+    def pin(self) -> str:
+        """``distribution==version`` of the provider (``local`` for in-process registrations)."""
+        if self.distribution is None:
+            return self.plugin
+        return f"{self.distribution}=={self.version or 'unknown'}"
+
+    @property
+    def target_text(self) -> str:
+        """The target as ``module:Class`` text, also for a class registered directly."""
+        if isinstance(self.target, str):
+            return self.target
+        return f"{self.target.__module__}:{self.target.__qualname__}"
 
 
 class Register:
@@ -124,33 +157,66 @@ def local_specs() -> list[ComponentSpec]:
     return list(_LOCAL.values())
 
 
-class Registry:
-    """All known components, by config slot."""
+@dataclass(frozen=True)
+class DisabledPlugin:
+    """A plugin an environment variable kept from loading; its components are unknown (never imported).
 
-    def __init__(self, specs: Iterable[ComponentSpec]) -> None:
+    ``reason`` names the variable and its value. ``probe`` lists what it would register, for the
+    first-party packs only (shipped inside dataflex-bus itself and import-light, so asking them is safe);
+    a third-party pack that was disabled is never imported, not even to explain an error.
+    """
+
+    plugin: str
+    distribution: str | None
+    version: str | None
+    reason: str
+    probe: Callable[[], list[ComponentSpec]] | None = field(default=None, compare=False)
+    #: The variable that disabled it: ``DATAFLEX_LOAD_PLUGINS`` or ``DATAFLEX_DISABLE_PLUGINS``.
+    variable: str = "DATAFLEX_LOAD_PLUGINS"
+
+    @property
+    def label(self) -> str:
+        return f"{self.plugin!r} ({self.distribution or '?'} {self.version or ''})".replace(" )", ")")
+
+
+class Registry:
+    """All known components, by config slot (plus the plugins an environment variable disabled)."""
+
+    def __init__(self, specs: Iterable[ComponentSpec], disabled: Sequence[DisabledPlugin] = ()) -> None:
         self.specs = list(specs)
+        self.disabled = list(disabled)
 
     def names(self, slot: str, kinds: Iterable[str] | None = None) -> list[str]:
         wanted = set(kinds) if kinds is not None else None
         return sorted({s.name for s in self.specs
                        if SLOT[s.kind] == slot and (wanted is None or s.kind in wanted)})
 
+    def find(self, name: str, slots: Iterable[str] = ("scorer", "actuator")) -> list[ComponentSpec]:
+        """Every component called ``name`` (or ``provider:name``) in ``slots``, in slot order."""
+        qualifier, sep, bare = name.rpartition(":")
+        wanted = list(slots)
+        found = [s for s in self.specs if SLOT[s.kind] in wanted and s.name == bare]
+        if sep:
+            q = normalize_name(qualifier)
+            found = [s for s in found if normalize_name(s.provider) == q or normalize_name(s.plugin) == q]
+        return sorted(found, key=lambda s: (wanted.index(SLOT[s.kind]), s.kind, s.qualified_name))
+
     def resolve(self, slot: str, name: str, *, key: str | None = None) -> ComponentSpec:
         """Find the one component named ``name`` (or ``provider:name``) in ``slot``."""
         key = key or f"dataflex.{slot}.name"
         qualifier, sep, bare = name.rpartition(":")
-        candidates = [s for s in self.specs if SLOT[s.kind] == slot and s.name == bare]
-        if sep:
-            q = normalize_name(qualifier)
-            candidates = [s for s in candidates
-                          if normalize_name(s.provider) == q or normalize_name(s.plugin) == q]
+        candidates = self.find(name, [slot])
         if not candidates:
             known = self.names(slot)
+            where = f" from {qualifier!r}" if sep else ""
+            swapped = self._swapped_hint(slot, name, key)
+            if swapped:
+                raise UnknownComponentError(f"{key}: unknown {slot} {bare!r}{where}: {swapped}")
             close = difflib.get_close_matches(bare, known, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            where = f" from {qualifier!r}" if sep else ""
             raise UnknownComponentError(
                 f"{key}: unknown {slot} {bare!r}{where}{hint} (installed: {', '.join(known) or 'none'})"
+                f"{self.disabled_hint(slot, bare)}"
             )
         if len(candidates) > 1:
             providers = ", ".join(f"{s.qualified_name} (plugin {s.plugin!r})" for s in candidates)
@@ -159,3 +225,38 @@ class Registry:
                 f"use a qualified name such as {candidates[0].qualified_name!r}"
             )
         return candidates[0]
+
+    def _swapped_hint(self, slot: str, name: str, key: str) -> str:
+        """``scorer: {name: threshold_band}``: the name exists, in the other slot."""
+        other = "actuator" if slot == "scorer" else "scorer"
+        found = self.find(name, [other])
+        if not found:
+            return ""
+        kinds = sorted({s.kind for s in found})
+        suffix = f"{slot}.name"
+        other_key = key[: -len(suffix)] + f"{other}.name" if key.endswith(suffix) else f"{other}.name"
+        article = "an" if kinds[0][0] in "aeiou" else "a"
+        return (f"that is {article} {' and '.join(kinds)}, which goes under {other_key}; "
+                f"{slot}s installed: {', '.join(self.names(slot)) or 'none'}")
+
+    def disabled_hint(self, slot: str, bare: str) -> str:
+        """Why a name may be unknown: plugins that DATAFLEX_LOAD_PLUGINS / DATAFLEX_DISABLE_PLUGINS kept out."""
+        if not self.disabled:
+            return ""
+        for d in self.disabled:
+            if d.probe is None:
+                continue
+            try:
+                provided = d.probe()
+            except Exception:  # explaining an error must never raise another one
+                continue
+            if any(SLOT[s.kind] == slot and s.name == bare for s in provided):
+                fix = (f"take it off {d.variable}" if d.variable.endswith("DISABLE_PLUGINS")
+                       else f"add {d.distribution or d.plugin} to {d.variable}")
+                return f"; {slot} {bare!r} is provided by plugin {d.label}, which {d.reason}: {fix}"
+        unknown = [d for d in self.disabled if d.probe is None]
+        if not unknown:
+            return ""
+        shown = ", ".join(f"{d.label} ({d.reason})" for d in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        return f"; not imported, so possibly providing it: {shown}{more}"

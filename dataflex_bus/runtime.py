@@ -44,6 +44,8 @@ class Runtime:
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.name)
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}
+        for warning in self.pipeline.config.warnings if self.pipeline is not None else ():
+            log.warning("dataflex: %s", warning)
         from .logs import get_logger
 
         # One short line; the full provenance goes to the host's run record (record()).

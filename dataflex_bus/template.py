@@ -123,6 +123,23 @@ def create_pack(name: str, parent: str | Path = ".") -> Path:
     return target
 
 
+def bus_source() -> str:
+    """Where the running dataflex-bus was installed from, so the next steps say what pip will use for the
+    pack's ``dataflex-bus`` requirement (until it is published, a clone)."""
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        raw = metadata.distribution("dataflex-bus").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return "not installed as a distribution: first `pip install -e /path/to/dataflex-bus` (a clone)"
+    url = json.loads(raw).get("url", "") if raw else ""
+    if url.startswith("file://"):
+        return f"already installed here from {unquote(urlparse(url).path)} (nothing to download)"
+    return "already installed here (nothing to download)"
+
+
 def cmd_new_plugin(args: argparse.Namespace) -> int:
     """``dataflex new-plugin NAME [--dir DIR]``."""
     target = create_pack(args.name, args.dir)
@@ -130,7 +147,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     print(f"created {target}/ (distribution {names.dist}, package {names.module}, scorer {names.component})")
     print("next steps:")
     print(f"  cd {target}")
-    print("  pip install -e '.[test]'")
+    print(f"  pip install -e '.[test]'   # dataflex-bus itself: {bus_source()}")
     print("  pytest                    # includes: the plugin is discovered and active")
     print("  dataflex plugins          # shows it with its version and components")
     sys.stdout.flush()

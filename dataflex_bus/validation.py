@@ -100,6 +100,8 @@ def validate(
     issues.extend(_check_stack(cfg, classes, key))
     if issues:
         raise ConfigError(issues)
+    cfg.warnings = _stack_warnings(cfg, classes, key) + _selection_warnings(cfg, key,
+                                                                           int(context.get("rollout_n") or 8))
     return cfg
 
 
@@ -210,6 +212,78 @@ def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Com
         issues.append(ConfigIssue(rewriters[1], f"{rewriters[0]} already recomputes advantages over the rows it "
                                   "keeps; two subset selectors would overwrite each other's advantages"))
     return issues
+
+
+def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
+                    key: str) -> list[ConfigIssue]:
+    """A scorer other than the statistic the actuator is defined on; a method reading advantages that a
+    later method at the same event recomputes."""
+    warnings: list[ConfigIssue] = []
+    keys = method_keys(cfg, key)
+    for method, found, mkey in zip(cfg.methods, classes, keys):
+        intended = getattr(found[1], "intended_scorers", ()) if found is not None else ()
+        if intended and method.resolved is not None and method.resolved.scorer.name not in intended:
+            warnings.append(ConfigIssue(
+                f"{mkey}.scorer.name", f"{method.actuator.name!r} is defined on the statistic of "
+                f"{' or '.join(repr(n) for n in intended)}; with {method.scorer.name!r} it acts on another "
+                "quantity than its paper's (valid, but read its documentation)"))
+    mixers = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "mix"]
+    selections = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "select"]
+    if mixers and selections:
+        warnings.append(ConfigIssue(mixers[0], f"the mixer sees only the rows {', '.join(selections)} keep(s): "
+                                    "a domain whose groups are always dropped gives it no statistics"))
+    for i, (method, found) in enumerate(zip(cfg.methods, classes)):
+        if found is None or method.resolved is None:
+            continue
+        reads_advantages = "advantages" in (*found[0].requires, *getattr(found[1], "requires", ()))
+        for j in range(i + 1, len(cfg.methods)):
+            later, later_found = cfg.methods[j], classes[j]
+            if (reads_advantages and later_found is not None and later.resolved is not None
+                    and later.resolved.event == method.resolved.event
+                    and getattr(later_found[1], "rewrites_advantages", False)):
+                warnings.append(ConfigIssue(keys[i], f"reads advantages that {keys[j]} (later, same event) "
+                                            "recomputes; list it after that method to read the new ones"))
+    return warnings
+
+
+def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIssue]:
+    """Run the block's selections, in order, on a probe batch holding one group per number of right
+    rollouts (0..n of n, binary rewards): a selection that keeps nothing of what reaches it would skip
+    every update, one that keeps everything does nothing. Advisory: a component that cannot run on the
+    probe (fields it lacks, state it expects) ends the probe without a warning."""
+    selects = [i for i, m in enumerate(cfg.methods) if m.mechanism == "select" and m.resolved is not None]
+    if not selects or n < 2:
+        return []
+    from .decision import Decision
+    from .testing.factories import make_batch
+
+    keys = method_keys(cfg, key)
+    rewards = [float(i < k) for k in range(n + 1) for i in range(n)]
+    batch = make_batch(groups=n + 1, group_size=n, rewards=rewards, max_len=4, min_len=4, domains=1)
+    decision = Decision()
+    view, warnings = batch, []
+    for i in selects:
+        found = cfg.methods[i].resolved
+        assert found is not None
+        try:
+            scorer = found.scorer.load()(**found.scorer_params)
+            selector = found.actuator.load()(**found.actuator_params)
+            keep = selector.select(view, scorer.score(view, 0), 0).keep.to(bool) & view.valid_rows
+        except (Exception, SystemExit):  # sys.exit in a plugin must not end `validate` or `run` with 0
+            return warnings
+        if not bool(keep.any()):
+            before = " of what the methods before it leave" if decision.keep is not None else ""
+            warnings.append(ConfigIssue(keys[i], f"keeps no row{before} in a probe batch holding every outcome "
+                                        f"of a group (0..{n} of {n} rollouts right, rewards 0/1): every update "
+                                        "would be skipped; check the parameters"))
+            return warnings
+        if bool(keep[view.valid_rows].all()):
+            warnings.append(ConfigIssue(keys[i], f"keeps every row of a probe batch holding every outcome of a "
+                                        f"group (0..{n} of {n} rollouts right, rewards 0/1): it would select "
+                                        "nothing away; check the parameters"))
+        decision.restrict(keep)
+        view = batch.derive(is_padding=batch.is_padding | ~keep)
+    return warnings
 
 
 def installed_registry() -> Registry:

@@ -68,6 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.force and args.resume:
         raise ConfigError(ConfigIssue("--force/--resume", "choose one: --force starts over, --resume continues"))
     prepared = prepare(load_config(args.config, args.overrides), steps=args.steps, seed=args.seed)
+    if args.dry_run:
+        from ..cli import validation_report
+
+        print("\n".join(validation_report(prepared.method)))
+        return 0
     resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     if args.resume and not out.is_dir():
@@ -94,7 +99,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"reward on learnable domains: {sum(start) / len(start):.3f} (first 10%) -> "
                   f"{s['reward/learnable']:.3f} (last 10%)")
         per = "  ".join(f"{d} {s[f'reward/{d}']:.2f}" for d in domains if f"reward/{d}" in s)
-        print(f"final reward per domain: {per}   kept fraction {s.get('train/kept_fraction_all', 1.0):.3f}")
+        print(f"final reward per domain: {per}")
+        print(f"kept fraction {s.get('train/kept_fraction', 1.0):.3f} (rows trained / rows generated), "
+              f"{int(s.get('train/skipped_updates', 0))} of {len(result.metrics)} updates skipped")
         print(_plot(result.metrics, resolved, out / PLOT,
                     f"{Path(args.config).stem} (seed {resolved['trainer']['seed']})"))
     return 0

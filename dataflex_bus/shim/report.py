@@ -73,7 +73,6 @@ def plot_run(metrics: Sequence[Mapping[str, float]], domains: Sequence[str], pat
     for d in domains:
         ax.plot(steps, smooth(series(metrics, f"reward/{d}")), label=d)
     ax.set(title=f"training reward (mean of {SMOOTH} steps)", xlabel="step", ylabel="reward", ylim=(-0.02, 1.02))
-    ax.legend(fontsize=8)
     i = 1
     if has_eval:
         ax = axes[i]
@@ -81,16 +80,17 @@ def plot_run(metrics: Sequence[Mapping[str, float]], domains: Sequence[str], pat
         for d in domains:
             pts = [(m["step"], m[f"eval/{d}"]) for m in metrics if f"eval/{d}" in m]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=d)
-        ax.set(title="held-out greedy accuracy", xlabel="step", ylim=(-0.02, 1.02))
-        ax.legend(fontsize=8)
+        ax.set(title="held-out greedy accuracy", xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.02))
     if has_mix:
         ax = axes[i]
         for d in domains:
             ax.plot(steps, series(metrics, f"data/prob/{d}"), label=d)
-        ax.set(title="sampling probability per domain", xlabel="step", ylim=(0, 1))
-        ax.legend(fontsize=8)
+        ax.set(title="sampling probability per domain", xlabel="step", ylabel="probability", ylim=(0, 1))
+    # One legend for every panel (same colour per domain), below them, where it covers no line.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,14 +6,15 @@ import math
 
 
 def summarize(metrics: list[dict[str, float]], domains: list[str], tail: int | None = None) -> dict[str, float]:
-    """Mean over the last ``tail`` steps (10%, at least 1) of the reward metrics and the kept fraction,
-    the last eval accuracies, the kept fraction over the whole run and the last domain probabilities."""
+    """Mean over the last ``tail`` steps (10%, at least 1) of the reward metrics, the last eval
+    accuracies, the last domain probabilities, and over the whole run: the kept fraction (rows that
+    entered an update / rows generated, from the compute counters) and the skipped updates."""
     if not metrics:
         return {}
     tail = tail or max(1, len(metrics) // 10)
     last = metrics[-tail:]
     out: dict[str, float] = {}
-    keys = ["reward/mean", "reward/learnable", "train/kept_fraction"] + [f"reward/{d}" for d in domains]
+    keys = ["reward/mean", "reward/learnable"] + [f"reward/{d}" for d in domains]
     for key in keys:
         vals = [m[key] for m in last if key in m and math.isfinite(m[key])]
         if vals:
@@ -23,9 +24,12 @@ def summarize(metrics: list[dict[str, float]], domains: list[str], tail: int | N
         if evals:
             out.update(evals)
             break
-    kept = [m["train/kept_fraction"] for m in metrics if "train/kept_fraction" in m]
-    if kept:
-        out["train/kept_fraction_all"] = sum(kept) / len(kept)
+    final = metrics[-1]
+    generated = final.get("compute/generated_rollouts", 0.0)
+    if generated:
+        out["train/kept_fraction"] = final.get("compute/trained_rows", 0.0) / generated
+    if "train/skipped_updates" in final:
+        out["train/skipped_updates"] = final["train/skipped_updates"]
     for d in domains:
         key = f"data/prob/{d}"
         if key in metrics[-1]:

@@ -65,8 +65,7 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
     batch = batch if batch is not None else _default_batch()
     batch.require(who, scorer.requires)
     event = TIMINGS[scorer.timing]
-    score = scorer.score(batch, step, event=event)
-    assert isinstance(score, Score), f"{who}: score() must return a Score, got {type(score).__name__}"
+    score = _wrap(scorer, scorer.score(batch, step, event=event))
     assert score.granularity == scorer.granularity, (
         f"{who}: declared granularity {scorer.granularity!r} but returned {score.granularity!r}")
     values = score.values
@@ -92,16 +91,25 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
         extra = getattr(score, name)
         if extra is not None:
             assert extra.shape[0] == B, f"{who}: Score.{name} must have one entry per row"
-    again = scorer.score(batch, step, event=event)
+    again = _wrap(scorer, scorer.score(batch, step, event=event))
     assert torch.equal(torch.nan_to_num(again.values.double()), torch.nan_to_num(values.double())), (
         f"{who}: two calls on the same batch disagree (scores must be deterministic)")
     if bool(batch.is_padding.any()) and score.granularity != "domain":
         bare = batch.select(batch.valid_rows)
-        trimmed = scorer.score(bare, step, event=event).values
+        trimmed = _wrap(scorer, scorer.score(bare, step, event=event)).values
         ours = values[batch.valid_rows]
         assert torch.allclose(trimmed.double(), ours.double(), equal_nan=True), (
             f"{who}: padding rows changed the scores of real rows (padding must be excluded)")
     return score
+
+
+def _wrap(scorer: Scorer, result: Any) -> Score:
+    """A plain tensor is a valid return value (values at the declared granularity); the checks that
+    follow assert its shape."""
+    who = _label(scorer)
+    assert isinstance(result, (Score, torch.Tensor)), (
+        f"{who}: score() must return a Score or a tensor, got {type(result).__name__}")
+    return result if isinstance(result, Score) else Score(result, scorer.granularity)
 
 
 def _score_for(scorer: Scorer | Score | None, batch: Batch, step: int) -> Score:
@@ -110,7 +118,7 @@ def _score_for(scorer: Scorer | Score | None, batch: Batch, step: int) -> Score:
     if scorer is None:
         return Score(batch.rewards, "response")
     scorer = _instance(scorer)
-    return scorer.score(batch, step, event=TIMINGS[scorer.timing])
+    return _wrap(scorer, scorer.score(batch, step, event=TIMINGS[scorer.timing]))
 
 
 def check_selector(selector: Selector | type[Selector], batch: Batch | None = None,

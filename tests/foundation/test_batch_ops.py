@@ -71,3 +71,72 @@ def test_grpo_matches_reference_loop(rows):
 def test_segment_mean_std_singletons_are_nan():
     mean, std, count = segment_mean_std(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([0, 0, 1]), 3)
     assert count.tolist() == [2, 1, 0] and mean[0] == 1.5 and torch.isnan(std[1]) and torch.isnan(mean[2])
+
+
+# ---------------------------------------------------------------------------- label checks
+def _fields(rows=4):
+    return {"rm_scores": torch.zeros(rows, 2), "response_mask": torch.ones(rows, 2)}
+
+
+@pytest.mark.parametrize(("labels", "message"), [
+    (["a", "a", "b"], "3 label(s) for 4 rows"),
+    (["a"], "1 label(s) for 4 rows"),                                      # would broadcast to every row
+    (["a"] * 5, "5 label(s) for 4 rows"),
+    (torch.tensor([0, 0, 1]), "3 label(s) for 4 rows"),
+    (torch.tensor([0.0, 0.4, 0.6, 1.0]), "integer dtype, got torch.float32"),   # would truncate 0.4 -> 0
+    (torch.tensor([True, False, True, False]), "integer dtype, got torch.bool"),
+    (torch.zeros(4, 1, dtype=torch.long), "1-D tensor of labels, got shape (4, 1)"),
+    ("aabb", "got the single string 'aabb'"),
+    ([["a"], ["a"], ["b"], ["b"]], "labels must be hashable"),
+])
+def test_bad_uid_labels_name_the_field(labels, message):
+    with pytest.raises(BatchFieldError) as err:
+        Batch.from_tensors(uid=labels, **_fields())
+    assert "field 'uid'" in str(err.value) and message in str(err.value)
+
+
+def test_int_and_str_labels_are_distinct_groups_and_equal_values_are_one():
+    import numpy as np
+
+    b = Batch.from_tensors(uid=[1, "1", 1, "1"], **_fields())
+    assert b.num_groups == 2 and b.group_index.tolist() == [0, 1, 0, 1]
+    b = Batch.from_tensors(uid=[np.str_("p"), "p", np.int64(3), 3], **_fields())
+    assert b.group_index.tolist() == [0, 0, 1, 1]
+    b = Batch.from_tensors(uid=np.array(["x", "y", "x", "y"], dtype=object), **_fields())
+    assert b.num_groups == 2
+    assert b.select(torch.tensor([0, 1])).uid == ["x", "y"]
+
+
+def test_integer_uid_tensors_keep_their_fast_path():
+    uid = torch.tensor([7, 7, 3, 3], dtype=torch.int32)
+    b = Batch.from_tensors(uid=uid, **_fields())
+    assert b._raw_group_ids.dtype == torch.long and b.uid is None and b.num_groups == 2
+
+
+@pytest.mark.parametrize(("kwargs", "field", "message"), [
+    ({"domains": ["a", "b", "a", "b"], "domain_names": ["a", "b", "a"]}, "domain_names", "duplicate names ['a']"),
+    ({"domains": torch.tensor([0, 1, 0, 1]), "domain_names": ["m", "m"]}, "domain_names", "duplicate names ['m']"),
+    ({"domains": [1, "1", 1, "1"]}, "data_source", "print as the same domain name ['1']"),
+    ({"domains": ["a", "b"]}, "data_source", "2 label(s) for 4 rows"),
+    ({"domains": torch.tensor([0, 1, 2, 0]), "domain_names": ["a", "b"]}, "data_source", "ids from 0 to 2"),
+    ({"domains": torch.tensor([0, -1, 0, 0]), "domain_names": ["a", "b"]}, "data_source", "ids from -1 to 0"),
+    ({"domains": torch.tensor([0.0, 1.0, 0.0, 1.0]), "domain_names": ["a", "b"]}, "data_source", "integer dtype"),
+])
+def test_bad_domain_labels_name_the_field(kwargs, field, message):
+    with pytest.raises(BatchFieldError) as err:
+        Batch.from_tensors(**kwargs, **_fields())
+    assert f"field '{field}'" in str(err.value) and message in str(err.value)
+
+
+def test_padding_rows_may_carry_any_domain_id():
+    b = Batch.from_tensors(domains=torch.tensor([0, 1, 9, 0]), domain_names=["a", "b"], is_padding=[0, 0, 1, 0],
+                           **_fields())
+    assert b.domain_index.tolist() == [0, 1, -1, 0]
+
+
+def test_derived_batches_check_their_labels_too():
+    b = Batch.from_tensors(uid=["a", "a", "b", "b"], **_fields())
+    with pytest.raises(BatchFieldError, match="field 'data_source'"):
+        b.derive(domain_ids=torch.zeros(3, dtype=torch.long), domain_names=["x"])
+    with pytest.raises(BatchFieldError, match="field 'domain_names'"):
+        b.derive(domain_ids=torch.zeros(4, dtype=torch.long), domain_names=["x", "x"])

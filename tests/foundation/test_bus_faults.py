@@ -66,29 +66,52 @@ def test_participant_keyboard_interrupt_stays_an_interrupt_naming_the_plugin():
     assert (info.value.plugin, info.value.hook) == ("sleepy", "on_advantage")
 
 
-class ExitingSelector(Scorer):
+class ExitingScorer(Scorer):
+    """Calls sys.exit(0) from step 1 on (step 0 is also where validation probes a selection)."""
+
+    requires = ("rm_scores", "response_mask")
+
+    def score(self, batch, step_id, **ctx):
+        if step_id >= 1:
+            sys.exit(0)
+        return Score(batch.rewards, "response")
+
+
+class InterruptedScorer(ExitingScorer):
+    def score(self, batch, step_id, **ctx):
+        if step_id >= 1:
+            raise KeyboardInterrupt
+        return Score(batch.rewards, "response")
+
+
+def test_component_sys_exit_and_interrupt_name_the_component(toys, local):
+    local("scorer", "t_exits", ExitingScorer)
+    local("scorer", "t_interrupted", InterruptedScorer)
+    with pytest.raises(PluginRuntimeError) as info:
+        Runtime(select_block(scorer="t_exits")).emit("on_advantage", toy_batch(), 1)
+    assert info.value.plugin == "local:t_exits" and isinstance(info.value.cause, SystemExit)
+    with pytest.raises(PluginInterrupt) as interrupted:
+        Runtime(select_block(scorer="t_interrupted")).emit("on_advantage", toy_batch(), 1)
+    assert interrupted.value.plugin == "local:t_interrupted"
+
+
+class ExitsAlways(Scorer):
     requires = ("rm_scores", "response_mask")
 
     def score(self, batch, step_id, **ctx):
         sys.exit(0)
 
 
-class InterruptedScorer(Scorer):
-    requires = ("rm_scores", "response_mask")
+def test_sys_exit_in_the_validation_probe_does_not_end_validation(toys, local):
+    """Validation runs a selection on a probe batch (an advisory check); a plugin exiting there must not
+    end `dataflex validate` or `run` with status 0: the probe gives up, training then names the plugin."""
+    from dataflex_bus.validation import validate
 
-    def score(self, batch, step_id, **ctx):
-        raise KeyboardInterrupt
-
-
-def test_component_sys_exit_and_interrupt_name_the_component(toys, local):
-    local("scorer", "t_exits", ExitingSelector)
-    local("scorer", "t_interrupted", InterruptedScorer)
-    with pytest.raises(PluginRuntimeError) as info:
-        Runtime(select_block(scorer="t_exits")).emit("on_advantage", toy_batch(), 0)
-    assert info.value.plugin == "local:t_exits" and isinstance(info.value.cause, SystemExit)
-    with pytest.raises(PluginInterrupt) as interrupted:
-        Runtime(select_block(scorer="t_interrupted")).emit("on_advantage", toy_batch(), 0)
-    assert interrupted.value.plugin == "local:t_interrupted"
+    local("scorer", "t_exits_always", ExitsAlways)
+    cfg = validate(select_block(scorer="t_exits_always", low=0.5, high=1.0))
+    assert cfg.warnings == []
+    with pytest.raises(PluginRuntimeError, match="t_exits_always"):
+        Runtime(cfg).emit("on_advantage", toy_batch(), 0)
 
 
 def test_hook_with_an_unknown_argument_is_refused_at_registration():

@@ -34,9 +34,71 @@ def test_validate_uses_host_context(toys, tmp_path, capsys):
     assert "not group-based" in capsys.readouterr().err
 
 
-def test_validate_without_block(tmp_path, capsys):
-    assert main(["validate", write(tmp_path, "trainer: {steps: 3}\n")]) == 2
-    assert "no `dataflex:` block" in capsys.readouterr().err
+def test_validate_without_block_is_plain_grpo(tmp_path, capsys):
+    assert main(["validate", write(tmp_path, "trainer: {steps: 3}\n")]) == 0
+    assert "no method" in capsys.readouterr().out
+
+
+MISTAKES = """
+trainer: {stepz: 3, lr: abc, steps: -3}
+model: {hiden: 3}
+data: {domains: [copy, divide]}
+dataflex:
+  mechanism: select
+  scorer: {name: group_solve_rat}
+  actuator: {name: threshold_band, params: {low: 0.2, hgh: 0.8}}
+  warmup: 1
+"""
+
+
+def test_validate_and_dry_run_report_the_same_problems_in_every_section(tmp_path, capsys):
+    cfg = write(tmp_path, MISTAKES)
+    assert main(["validate", cfg]) == 2
+    validate_err = capsys.readouterr().err
+    assert main(["run", cfg, "--dry-run", "--out", str(tmp_path / "run")]) == 2
+    run_err = capsys.readouterr().err
+    problems = [line for line in validate_err.splitlines() if line.startswith("  - ")]
+    assert problems == [line for line in run_err.splitlines() if line.startswith("  - ")]
+    keys = [p.split(": ")[0][4:] for p in problems]
+    assert keys == ["trainer.stepz", "trainer.steps", "trainer.lr", "model.hiden", "data.domains", "dataflex.warmup",
+                    "dataflex.scorer.name", "dataflex.actuator.params.hgh", "dataflex.actuator.params.high"]
+    for typo, right in (("stepz", "steps"), ("hiden", "hidden"), ("warmup", "warmup_step"), ("hgh", "high"),
+                        ("group_solve_rat", "group_solve_rate")):
+        assert f"did you mean '{right}'" in next(p for p in problems if typo in p)
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_of_a_good_config_prints_what_validate_prints(tmp_path, capsys):
+    cfg = write(tmp_path, "dataflex:\n  mechanism: select\n  scorer: {name: group_solve_rate}\n"
+                          "  actuator: {name: threshold_band, params: {low: 0.2, high: 0.8}}\n")
+    assert main(["validate", cfg]) == 0
+    out = capsys.readouterr().out
+    assert main(["run", cfg, "--dry-run", "--out", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().out == out and not (tmp_path / "run").exists()
+
+
+def test_verl_config_context_is_checked_not_crashed(toys, tmp_path, capsys):
+    cfg = write(tmp_path, "actor_rollout_ref: {rollout: {n: abc}}\ndataflex:\n  mechanism: select\n"
+                          "  scorer: {name: toy_group_rate}\n  actuator: {name: toy_bnd}\n")
+    assert main(["validate", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "actor_rollout_ref.rollout.n: expected an integer >= 1" in err and "dataflex.actuator.name" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_option_shows_the_subcommands_usage(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", write(tmp_path, "trainer: {steps: 1}\n"), "--stepz", "3"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: dataflex run" in err and "unrecognized arguments: --stepz" in err
+
+
+def test_help_describes_the_tool_in_full_sentences(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "compare methods." in out and "``" not in out
 
 
 def test_unknown_cli_arguments_are_refused():

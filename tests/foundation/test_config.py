@@ -82,3 +82,55 @@ def test_to_dict_round_trip():
     cfg = DataflexConfig.from_dict({"mechanism": "mix", "scorer": "s", "actuator": {"name": "m"},
                                     "domains": ["a", "b"], "update_step": 5})
     assert DataflexConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ---------------------------------------------------------------------------- files as users write them
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e-3", 0.001), ("3e-4", 0.0003), ("1E5", 100000.0), ("-2.5e+3", -2500.0), ("1.0e5", 100000.0),
+    ("+1e10", 1e10), (".5e-2", 0.005), ("1.5", 1.5), ("7", 7), ("0x1f", 31), ("1e", "1e"), ("e5", "e5"),
+    ("1e-3.5", "1e-3.5"), ("'1e-3'", "1e-3"),
+])
+def test_scientific_numbers_are_floats_in_files_and_overrides(tmp_path, text, value):
+    path = tmp_path / "lr.yaml"
+    path.write_text(f"optim: {{lr: {text}}}\n")
+    from_file = load_yaml(path)["optim"]["lr"]
+    from_override = apply_overrides({}, [f"optim.lr={text}"])["optim"]["lr"]
+    assert from_file == from_override == value
+    assert type(from_file) is type(value)
+
+
+def test_non_utf8_file_is_a_config_error_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("# caf\u00e9 config\ndataflex: {mechanism: select}\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        load_yaml(path)
+    (issue,) = err.value.issues
+    assert issue.key == str(path) and "not UTF-8" in issue.message and "line 1" in issue.message
+    bom = tmp_path / "bom.yaml"
+    bom.write_bytes(b"\xef\xbb\xbfdataflex: {warmup_step: 2}\n")  # a UTF-8 byte-order mark is fine
+    assert load_yaml(bom) == {"dataflex": {"warmup_step": 2}}
+
+
+@pytest.mark.parametrize(("text", "line", "what"), [
+    ("dataflex:\n  scorer: [unclosed\n  actuator: x\n", "line 3, column 11", "started at line 2"),
+    ("dataflex:\n\tmechanism: select\n", "line 2", "'\\t'"),
+    ("a: 1\n b: 2\n", "line 2", "mapping values are not allowed"),
+])
+def test_yaml_errors_name_the_file_and_line(tmp_path, text, line, what):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_yaml(path)
+    message = str(err.value)
+    assert str(path) in message and line in message and what in message
+    assert "<unicode string>" not in message
+
+
+def test_cli_reports_file_errors_without_a_traceback(tmp_path, capsys):
+    from dataflex_bus.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"dataflex: {scorer: \xff}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not UTF-8" in err and str(path) in err and "Traceback" not in err

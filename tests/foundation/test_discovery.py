@@ -179,10 +179,14 @@ def test_cli_plugins_json_and_check(packs):
     report = json.loads(out.stdout)
     assert [r["name"] for r in report] == sorted(r["name"] for r in report)
     by = {r["name"]: r for r in report}
-    assert set(by["good"]) == {"name", "distribution", "version", "status", "error", "components"}
-    assert by["good"]["components"] == [{"name": "length", "kind": "scorer"}]
+    assert set(by["good"]) == {"name", "distribution", "version", "status", "error", "warnings", "disabled_by",
+                               "components"}
+    assert by["good"]["components"] == [{"name": "length", "kind": "scorer", "summary": "",
+                                         "target": "good_pack.components:LengthScore"}]
+    assert by["good"]["warnings"] == [] and by["good"]["disabled_by"] is None
     assert by["broken"]["status"] == "failed" and "broken on purpose" in by["broken"]["error"]
     assert by["twin"]["status"] == "disabled" and by["twin"]["error"] is None
+    assert by["twin"]["disabled_by"] == "DATAFLEX_LOAD_PLUGINS"
     check = _cli(["plugins", "--check"], root, DATAFLEX_LOAD_PLUGINS="good,broken")
     assert check.returncode == 1
     assert "failed" in check.stdout and "broken on purpose" in check.stdout

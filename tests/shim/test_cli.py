@@ -76,7 +76,9 @@ def test_every_example_validates_and_trains(path):
     assert len(result.metrics) == 2
     block = load_config(path).get("dataflex")
     if block:
-        assert result.record["dataflex"]["dataflex"]["mechanism"] == block["mechanism"]
+        methods = block.get("methods", [block])
+        recorded = result.record["dataflex"]["methods"]
+        assert [m["mechanism"] for m in recorded] == [m["mechanism"] for m in methods]
         assert any(k.startswith("dataflex/") for k in result.metrics[-1])
 
 

@@ -268,3 +268,53 @@ def test_fit_composes_with_verl_dapo_filter_groups(H, tmp_path, clean_partition)
     assert any(logged.get("training/filter_groups/evicted_samples", 0) > 0 for logged in run.logged)
     assert tq_keys(tq) == set()
     assert os.path.exists(tmp_path / "ckpt" / "global_step_2" / "dataflex_state.pt")
+
+
+STACK = ["+dataflex.methods=[{name: filter, mechanism: select, scorer: {name: reward_difficulty}, "
+         "actuator: {name: dapo}}, {name: curriculum, mechanism: mix, scorer: {name: advantage_magnitude}, "
+         "actuator: {name: dump_ucb, params: {c: 0.0, temperature: 0.05}}, warmup_step: 1}, "
+         "{name: ar, mechanism: reweight, scorer: {name: token_prob}, "
+         "actuator: {name: advantage_reweight, params: {alpha: 0.5}}}]"]
+
+
+def _stack_run(H, data, ckpt, steps):
+    return H.Run(H.base_overrides(data, ckpt, batch=3, steps=steps) + STACK).setup()
+
+
+@pytest.mark.integration
+def test_fit_three_method_stack_acts_and_resumes_exactly(H, tmp_path, clean_partition):
+    """DAPO filter + DUMP curriculum + AR reweighting in one run (one Hydra override): each method acts at
+    its event, in order, and 2 steps + resume + 1 equal 3 uninterrupted steps."""
+    tq = clean_partition
+    data = dataset(H, tmp_path, math=6, logic=6, code=6)
+    full = _stack_run(H, data, tmp_path / "full", 3).fit()
+    assert full.trainer.dataflex.describe() == [
+        "filter: reward_difficulty+dapo @ on_rollout", "curriculum: advantage_magnitude+dump_ucb @ on_step_end",
+        "ar: token_prob+advantage_reweight @ on_advantage"]
+    step = ["generate", "on_rollout", "compute_log_prob", "on_advantage", "update_actor", "on_step_end"]
+    assert full.events == step * 3
+    for logged in full.logged:
+        # each method's metrics under its own name: the filter dropped the all-wrong code groups,
+        # AR weighted tokens by 0.5 * p + 0.5, the curriculum published domain probabilities
+        assert 0.0 < logged["dataflex/filter/kept_fraction"] <= 1.0
+        assert 0.5 <= logged["dataflex/ar/weight_min"] <= logged["dataflex/ar/weight_max"] <= 1.0
+        probs = [logged[f"dataflex/curriculum/domain_prob/{d}"] for d in ("code", "logic", "math")]
+        assert sum(probs) == pytest.approx(1.0)
+    for update in full.trainer.actor_rollout_wg.updates:
+        w, mask = update["rollout_is_weights"], update["response_mask"] > 0
+        assert bool((w[mask] >= 0.5).all()) and bool((w[mask] <= 1.0).all()) and float(w[mask].std()) > 0
+    assert tq_keys(tq) == set()
+
+    first = _stack_run(H, data, tmp_path / "resumed", 2).fit()
+    resumed = _stack_run(H, data, tmp_path / "resumed", 3)
+    assert resumed.trainer.global_steps == 2
+    resumed.fit()
+    assert first.agent_loop.generated_domains + resumed.agent_loop.generated_domains == \
+        full.agent_loop.generated_domains
+    a, b = full.trainer.dataflex_state_dict(), resumed.trainer.dataflex_state_dict()
+    assert sorted(a["runtime"]["pipeline"]["methods"]) == ["ar", "curriculum", "filter"]
+    sa, sb = (s["runtime"]["pipeline"]["methods"]["curriculum"] for s in (a, b))
+    assert torch.equal(sa["actuator"]["buffer"], sb["actuator"]["buffer"])
+    assert torch.equal(sa["actuator"]["counts"], sb["actuator"]["counts"]) and sa["domain_probs"] == sb["domain_probs"]
+    for key in ("dataflex/filter/kept_fraction", "dataflex/ar/weight_mean", "dataflex/curriculum/domain_prob/code"):
+        assert resumed.logged[-1][key] == pytest.approx(full.logged[-1][key])

@@ -64,6 +64,7 @@ class DumpUCB(Mixer):
 
     requires: ClassVar = ("data_source",)
     accepts: ClassVar = ("prompt", "response")
+    intended_scorers: ClassVar = ("advantage_magnitude",)
     params: ClassVar = {
         "c": Param(float, 1.0, low=0.0, doc="exploration coefficient"),
         "window": Param(int, 300, low=1, doc="FIFO length per domain"),

@@ -1,0 +1,25 @@
+"""``dataflex_verl.core``: the seed's component API (scorers, actuators, registration decorators)."""
+
+from __future__ import annotations
+
+from dataflex_bus._lazy import lazy_exports
+
+_EXPORTS = {
+    "Param": "components",
+    "Score": "components",
+    "Scorer": "components",
+    "Selector": "components",
+    "Selection": "components",
+    "Reweighter": "components",
+    "Reweighting": "components",
+    "Mixer": "components",
+    "register_scorer": "components",
+    "register_selector": "components",
+    "register_reweighter": "components",
+    "register_mixer": "components",
+}
+
+__all__ = list(_EXPORTS)
+
+# Resolved from dataflex_bus (the package the names live in), on first use.
+__getattr__ = lazy_exports("dataflex_bus", _EXPORTS)

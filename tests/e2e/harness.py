@@ -1,0 +1,67 @@
+"""Runs verl 0.9.1's real ``python -m verl.trainer.main_ppo`` on a CPU box (test-only, never shipped).
+
+The model, data, reward and verl keys are the GPU proof's (``scripts/gpu_smoke.py``, imported by path);
+this module adds what a CPU needs: the backend module :mod:`verl_cpu` loaded into every Ray worker
+through ``VERL_USE_EXTERNAL_MODULES``, and the verl keys below.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+#: The backend module's import name (``tests/e2e/verl_cpu.py``) and its rollout name.
+BACKEND_MODULE = "verl_cpu"
+ROLLOUT_NAME = "cpu_hf"
+
+#: verl keys for a 2-core CPU box (shared spec verl.md section 14).
+CPU_KEYS = [
+    "trainer.device=cpu",
+    # verl's resource pools always ask Ray for GPUs: declare one logical GPU.
+    "+ray_kwargs.ray_init.num_gpus=1",
+    "ray_kwargs.ray_init.num_cpus=8",
+    "+ray_kwargs.ray_init.include_dashboard=False",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+    "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+    "actor_rollout_ref.model.use_remove_padding=False",
+    # verl's defaults start 8 agent-loop and 8 reward workers: minutes of imports on two cores.
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+]
+
+
+def cpu_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` plus what loads the CPU backend into the driver and every Ray worker."""
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), out.get("PYTHONPATH", "")) if p)
+    modules = [m for m in out.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != BACKEND_MODULE]
+    out["VERL_USE_EXTERNAL_MODULES"] = ",".join([BACKEND_MODULE, *modules])
+    out.setdefault("PYTHONHASHSEED", "0")
+    out.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray's memory monitor kills our workers when the *machine* passes 95% memory, whoever uses it; a shared
+    # CI or dev box does. The kernel still stops a run that really runs out of memory.
+    out.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    return out
+
+
+def load_smoke() -> ModuleType:
+    """``scripts/gpu_smoke.py`` as a module (its writers, overrides, parser and checks)."""
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses resolve their module by name
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def cpu_overrides(smoke: ModuleType, inputs, *, steps: int, mode: str = "dataflex_sync",
+                  extra: Sequence[str] = ()) -> list[str]:
+    """The GPU proof's keys with the CPU rollout and :data:`CPU_KEYS`, plus ``extra``."""
+    return [*smoke.base_overrides(inputs, steps=steps, rollout=ROLLOUT_NAME, mode=mode), *CPU_KEYS, *extra]
