@@ -53,6 +53,30 @@ BLOCK_KEYS: dict[str, Param] = {
     "domains": Param((list, type(None)), None, item=str, unique=True, nonempty=True,
                      doc="domain names a mixer samples (default: read from the dataset)"),
     "domain_key": Param(str, "data_source", nonempty=True, doc="dataset column holding the domain label"),
+    "max_oversample": Param(float, 50.0, low=1.0,
+                            doc="a pre-rollout selection considers at most this many candidates per prompt the "
+                                "host needs; then the shortfall is filled with skipped candidates (on_empty=error "
+                                "raises if none was kept)"),
+    "refill": Param((dict, type(None)), None,
+                    doc="dynamic sampling with refill: generate more prompts until the on_rollout selection "
+                        "keeps the target number of groups (keys: see REFILL_KEYS)"),
+}
+EXHAUST_POLICIES = ("raise", "train_short", "pad_with_filtered")
+REFILL_POLICIES = ("fixed", "credit2", "greso")
+#: Keys of ``dataflex.refill`` (DAPO dynamic sampling, arXiv 2503.14476; policies in docs/methods.md).
+REFILL_KEYS: dict[str, Param] = {
+    "gen_batch_size": Param((int, type(None)), None, low=1,
+                            doc="prompts generated in the first round (and each round under policy=fixed); "
+                                "default: the step's prompt count"),
+    "max_rounds": Param(int, 10, low=0, doc="generation rounds per step at most (0: unbounded)"),
+    "policy": Param(str, "fixed", choices=REFILL_POLICIES,
+                    doc="prompts per refill round: gen_batch_size (fixed), twice the groups dropped in the last "
+                        "round (credit2, verl 0.9.1), or GRESO's estimate from the drop rate (greso)"),
+    "on_exhaust": Param(str, "raise", choices=EXHAUST_POLICIES,
+                        doc="when the rounds end short: raise, train on fewer groups, or pad with dropped groups"),
+    "beta": Param(float, 1.25, low=1.0, doc="policy=greso: safety factor on the estimated refill"),
+    "min_gen_batch": Param((int, type(None)), None, low=1,
+                           doc="policy=greso: smallest refill round (default: a quarter of the step's prompts)"),
 }
 _REF_KEYS: dict[str, Param] = {
     "name": Param(str, nonempty=True, doc="component name, or distribution:name"),
@@ -70,6 +94,22 @@ class ComponentRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
+
+
+@dataclass(frozen=True)
+class RefillConfig:
+    """``dataflex.refill``: dynamic sampling with refill (see :class:`~dataflex_bus.decision.GroupFill`)."""
+
+    gen_batch_size: int | None = None
+    max_rounds: int = 10
+    policy: str = "fixed"
+    on_exhaust: str = "raise"
+    beta: float = 1.25
+    min_gen_batch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gen_batch_size": self.gen_batch_size, "max_rounds": self.max_rounds, "policy": self.policy,
+                "on_exhaust": self.on_exhaust, "beta": self.beta, "min_gen_batch": self.min_gen_batch}
 
 
 @dataclass
@@ -119,6 +159,8 @@ class DataflexConfig:
     stacked: bool = False
     #: Set by :func:`~dataflex_bus.validation.validate`: settings that are valid but cannot act as meant.
     warnings: list[ConfigIssue] = field(default_factory=list, compare=False, repr=False)
+    max_oversample: float = 50.0
+    refill: RefillConfig | None = None
 
     # -------------------------------------------------------------- the one method of a seed-style block
     @property
@@ -183,9 +225,13 @@ class DataflexConfig:
             own = {k: v for k, v in raw.items() if k in _SLOTS or (k in METHOD_KEYS and k != "name")}
             one = _parse_method(own, key, issues)
             methods = None if one is None else [one]
+        refill = None
+        if shared["refill"] is not None:
+            refill = RefillConfig(**check_section(shared["refill"], REFILL_KEYS, f"{key}.refill", issues))
         if methods is None:
             return None, issues
-        cfg = cls(methods=methods, domains=shared["domains"], domain_key=shared["domain_key"], stacked=stacked)
+        cfg = cls(methods=methods, domains=shared["domains"], domain_key=shared["domain_key"], stacked=stacked,
+                  max_oversample=shared["max_oversample"], refill=refill)
         return cfg, issues
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,6 +243,11 @@ class DataflexConfig:
         out["domain_key"] = self.domain_key
         if self.domains is not None:
             out["domains"] = list(self.domains)
+        # Written only when set, so blocks without them read (and checkpoint) as before.
+        if self.max_oversample != BLOCK_KEYS["max_oversample"].default:
+            out["max_oversample"] = self.max_oversample
+        if self.refill is not None:
+            out["refill"] = self.refill.to_dict()
         return out
 
 

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("overrides", nargs="*",
+                   help="your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...): doctor "
+                        "then also checks the dataflex block against the trainer that config runs")
 
     p = sub.add_parser("new-plugin", help="create a method pack from the template")
     p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")
@@ -303,6 +306,8 @@ def _events(kind: str, cls: Any) -> dict[str, str]:
     from .hookspecs import EVENTS
 
     if kind == "scorer":
+        if cls.timing == "pre_rollout":
+            return {"on_prompts": "with a selector, before generation"}
         first = EVENTS.index(TIMINGS[cls.timing])
         out = {e: "" for e in EVENTS[first:]}
         if "on_rollout" in out:
@@ -314,12 +319,20 @@ def _events(kind: str, cls: Any) -> dict[str, str]:
         return {"on_advantage": ""}
     if kind == "mixer":
         return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
+    from .validation import EVENT_FIELDS
+
+    def readable(event: str) -> bool:
+        return set(cls.requires) <= EVENT_FIELDS[event]
+
     out = {}
-    if cls.min_timing == "post_reward":
+    if cls.min_timing == "pre_rollout" and readable("on_prompts"):
+        out["on_prompts"] = "fed a pre_rollout score (before generation)"
+    if cls.min_timing in ("pre_rollout", "post_reward") and readable("on_rollout"):
         whole = [g for g in cls.accepts if cls.keeps_whole_groups(g)]
         if whole:
             out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
-    out["on_advantage"] = ""
+    if readable("on_advantage"):
+        out["on_advantage"] = ""
     return out
 
 

@@ -21,9 +21,13 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
+    from .history import VisitClasses
 
 #: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
+#: ``pre_rollout`` scorers read only what is known about a prompt before generating for it (its id,
+#: domain and per-prompt history).
 TIMINGS: dict[str, str] = {
+    "pre_rollout": "on_prompts",
     "post_reward": "on_rollout",
     "post_advantage": "on_advantage",
     "post_update": "on_step_end",
@@ -57,6 +61,9 @@ class Component:
 
     kind: ClassVar[str] = ""
     params: ClassVar[Mapping[str, Param]] = {}
+    #: Reads the per-prompt history (the ``history_*`` fields): the runtime keeps one when any component
+    #: of the block declares this (see :mod:`dataflex_bus.history`).
+    uses_history: ClassVar[bool] = False
     #: Set by the registry when built by name; class name otherwise.
     name: str = ""
 
@@ -80,6 +87,11 @@ class Component:
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Cross-parameter checks: return ``[(param, message), ...]`` for each violated rule."""
         return []
+
+    def visit_classes(self) -> VisitClasses | None:
+        """How this component wants the history to classify a visit (easy / hard / other), or ``None``
+        when it does not care. Every component of a block that answers must answer the same."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume; stateless components return ``{}``."""
@@ -159,10 +171,13 @@ class Selection:
 
 
 class Selector(Actuator):
-    """Mechanism ``select``: which rows enter the update."""
+    """Mechanism ``select``: which rows enter the update (at ``on_prompts``: which candidate prompts are
+    generated)."""
 
     kind: ClassVar[str] = "selector"
     mechanism: ClassVar[str] = "select"
+    #: A selection only needs its score: fed a ``pre_rollout`` score it acts before generation.
+    min_timing: ClassVar[str] = "pre_rollout"
     #: Returns recomputed ``advantages`` over the rows it keeps (a subset selector such as PODS).
     rewrites_advantages: ClassVar[bool] = False
     #: Drops exactly the zero-variance groups (what verl's own ``algorithm.filter_groups`` evicts).

@@ -5,18 +5,20 @@ Plugins implement these hooks with ``@dataflex_bus.hookimpl``. There are two fam
 * **registration** (``dataflex_register``): called once per plugin when plugins are loaded; a plugin
   declares the scorers and actuators it provides. Listing plugins never imports the components, so
   register ``"module:Class"`` strings (or classes from an import-light module).
-* **training events** (``on_rollout``, ``on_advantage``, ``on_step_end``): emitted by the host loop (the
-  CPU shim or the verl trainer) once per training step, in this order. The pipeline built from the
-  config is the *participant* that acts on each event; any other plugin implementing an event hook is an
-  *observer* (a logger, a metric sink): it sees the batch and the decision after the participants ran,
-  and if it raises, the error is logged and training goes on.
+* **training events** (``on_prompts``, ``on_rollout``, ``on_advantage``, ``on_step_end``): emitted by the
+  host loop (the CPU shim or the verl trainer) in this order within a training step (``on_prompts`` once per
+  draw of candidate prompts, ``on_rollout`` once per generation round, the others once per step). The
+  pipeline built from the config is the *participant* that acts on each event; any other plugin
+  implementing an event hook is an *observer* (a logger, a metric sink): it sees the batch and the
+  decision after the participants ran, and if it raises, the error is logged and training goes on.
 
 Every event hook receives the same three arguments, so an implementation may accept any subset of them:
 ``batch`` (:class:`dataflex_bus.Batch`), ``step`` (the 0-based training step) and ``decision``
 (:class:`dataflex_bus.Decision`, which participants fill in and observers read).
 
-Every event's batch holds at least ``response_mask``, ``rm_scores``, the row labels ``uid`` and domain
-(``data_source`` by default) and the padding flags; each event's docstring lists what it adds. A host may
+Every event's batch from ``on_rollout`` on holds at least ``response_mask``, ``rm_scores``, the row
+labels ``uid`` and domain (``data_source`` by default) and the padding flags; each event's docstring lists
+what it adds (``on_prompts`` comes before any response exists and says what it holds instead). A host may
 keep other fields where they live (verl keeps them in TransferQueue): a participant gets the fields its
 components declare in ``requires``, and an observer asks for more with :func:`dataflex_fields`.
 """
@@ -40,7 +42,7 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: The training events in the order the host loop emits them within one step.
-EVENTS: tuple[str, ...] = ("on_rollout", "on_advantage", "on_step_end")
+EVENTS: tuple[str, ...] = ("on_prompts", "on_rollout", "on_advantage", "on_step_end")
 
 
 @hookspec
@@ -65,11 +67,25 @@ def dataflex_fields(event: str) -> Sequence[str]:
 
 
 @hookspec
+def on_prompts(batch: Batch, step: int, decision: Decision) -> None:
+    """The host has drawn candidate prompts and not generated anything for them yet.
+
+    One row per candidate (its own group), with ``prompt_index`` (the prompt's dense index in the
+    dataset's prompt table), the domain label and, when a method keeps the per-prompt history, the
+    ``history_*`` fields (:mod:`dataflex_bus.history`); nothing about responses exists. A ``select`` method
+    with a ``pre_rollout`` scorer acts here: the host generates only the candidates kept and draws more
+    (bounded by ``dataflex.max_oversample``) until it has the prompts it needs. Emitted once per draw, so
+    possibly several times per step.
+    """
+
+
+@hookspec
 def on_rollout(batch: Batch, step: int, decision: Decision) -> None:
     """Rewards are known; old log-probs, reference log-probs and advantages are not computed yet.
 
     Available on request: ``prompts``, ``responses``, ``loss_mask``, ``attention_mask``, ``input_ids``,
-    ``rollout_log_probs``. A ``select`` method with a ``post_reward`` scorer whose selector keeps or
+    ``rollout_log_probs``. Emitted once per generation round (several per step when ``dataflex.refill``
+    tops the batch up). A ``select`` method with a ``post_reward`` scorer whose selector keeps or
     drops whole groups (``Selector.keeps_whole_groups``) acts here: the groups it drops are removed before
     any further compute is spent on them.
     """

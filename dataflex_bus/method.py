@@ -38,13 +38,15 @@ class Method:
 
     def __init__(self, config: MethodConfig, scorer: Scorer, actuator: Component, *, event: str,
                  provenance: Mapping[str, str] | None = None, domains: Sequence[str] | None = None,
-                 prefix: str = "dataflex/") -> None:
+                 prefix: str = "dataflex/", refill: bool = False) -> None:
         self.config = config
         self.scorer = scorer
         self.actuator = actuator
         self.event = event
         self.provenance = dict(provenance or {})
         self.prefix = prefix
+        #: The host refills what this method drops (dataflex.refill): an empty round is refilled, not skipped.
+        self.refill = refill and event == "on_rollout"
         self.configured_domains = list(domains) if domains else None
         self.domain_probs: dict[str, float] | None = None
         self.counters = {"empty_selections": 0, "nonfinite_rows": 0}
@@ -160,11 +162,21 @@ class Method:
         metrics[f"{p}kept_groups"] = float(torch.unique(view.group_index[keep]).numel())
         for k, v in sel.metrics.items():
             metrics[f"{p}{k}"] = float(v)
+        if self.event == "on_prompts" or self.refill:
+            # Skipping every candidate of one draw (or every group of one refill round) is not an empty
+            # selection: the host draws more; on_empty (max_oversample spent) or on_exhaust (rounds spent)
+            # decides later (decision.PromptFill, decision.GroupFill).
+            if dropped is not None:
+                decision.drop(dropped)
+            if self.refill:
+                self._check_whole_groups(view, keep)
+            decision.restrict(keep)
+            return
         if self._empty(batch, keep, step, decision, dropped):
             return
         if self.event == "on_rollout":
             self._check_whole_groups(view, keep)
-        decision.restrict(keep)
+        decision.restrict(keep, on_empty=self.config.on_empty)
         if sel.advantages is not None:
             view.check_finite(actuator.who, "advantages", sel.advantages)
             decision.advantages = sel.advantages
@@ -176,7 +188,7 @@ class Method:
         if bool(keep.any()) or not bool(batch.valid_rows.any()):
             metrics[f"{self.prefix}empty_selection"] = 0.0
             if dropped is not None:
-                decision.drop(dropped)
+                decision.drop(dropped, on_empty=self.config.on_empty, nonfinite=True)
             return False
         self.counters["empty_selections"] += 1
         metrics[f"{self.prefix}empty_selection"] = 1.0
@@ -194,7 +206,7 @@ class Method:
                         "counted in %sempty_selection)", who, step, action, policy, n, self.prefix)
         if keep_all:
             if dropped is not None:  # keep all rows, but never the non-finite ones
-                decision.drop(dropped)
+                decision.drop(dropped, on_empty=self.config.on_empty, nonfinite=True)
             return True
         decision.skip_update = True
         decision.restrict(torch.zeros(len(batch), dtype=torch.bool))

@@ -53,7 +53,8 @@ def build_pipeline(config: DataflexConfig | Mapping[str, Any], registry: Registr
         methods.append(Method(m, scorer, actuator, event=found.event, domains=config.domains,
                               provenance={"scorer": found.scorer.qualified_name,
                                           "actuator": found.actuator.qualified_name},
-                              prefix=f"dataflex/{m.name}/" if stacked else "dataflex/"))
+                              prefix=f"dataflex/{m.name}/" if stacked else "dataflex/",
+                              refill=config.refill is not None))
     return Pipeline(config, methods)
 
 
@@ -112,6 +113,10 @@ class Pipeline:
                 view = _as_left(view, decision)
             method.apply(view, step, decision)
         return decision
+
+    @hookimpl
+    def on_prompts(self, batch: Batch, step: int, decision: Decision) -> None:
+        self.apply(batch, step, decision, event="on_prompts")
 
     @hookimpl
     def on_rollout(self, batch: Batch, step: int, decision: Decision) -> None:

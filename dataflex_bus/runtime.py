@@ -22,7 +22,11 @@ from .pipeline import Pipeline, build_pipeline
 from .validation import EVENT_FIELDS
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from .batch import Batch
+    from .block import RefillConfig
+    from .history import PromptHistory, PromptTable, VisitClasses
 
 log = logging.getLogger("dataflex_bus")
 
@@ -46,6 +50,8 @@ class Runtime:
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}
         for warning in self.pipeline.config.warnings if self.pipeline is not None else ():
             log.warning("dataflex: %s", warning)
+        self.prompt_table: PromptTable | None = None
+        self.history: PromptHistory | None = None
         from .logs import get_logger
 
         # One short line; the full provenance goes to the host's run record (record()).
@@ -86,6 +92,44 @@ class Runtime:
             return []
         return [f"{m.name}: {m.scorer.name}+{m.actuator.name} @ {m.event}" for m in self.pipeline.methods]
 
+    @property
+    def selects_prompts(self) -> bool:
+        """True when a method selects prompts before generation (acts at ``on_prompts``)."""
+        return self.pipeline is not None and bool(self.pipeline.at("on_prompts"))
+
+    @property
+    def keeps_history(self) -> bool:
+        """True when a component of the block reads the per-prompt history."""
+        return self.pipeline is not None and any(
+            c.uses_history for m in self.pipeline.methods for c in (m.scorer, m.actuator))
+
+    @property
+    def needs_prompt_ids(self) -> bool:
+        """True when the host must give stable prompt ids (:meth:`set_prompts`, ``prompt_index``)."""
+        return self.selects_prompts or self.keeps_history
+
+    @property
+    def max_oversample(self) -> float:
+        """Candidates considered per prompt needed, at most, when selecting prompts (``dataflex.max_oversample``)."""
+        return self.pipeline.config.max_oversample if self.pipeline is not None else 1.0
+
+    @property
+    def refill(self) -> RefillConfig | None:
+        """``dataflex.refill``: generate more prompts until the on_rollout selection keeps a full batch."""
+        return self.pipeline.config.refill if self.pipeline is not None else None
+
+    @property
+    def prompt_policy(self) -> str:
+        """What a prompt selection short of candidates does (``on_empty`` of the methods at ``on_prompts``;
+        ``error`` if any says so)."""
+        policies = {m.config.on_empty for m in self.pipeline.at("on_prompts")} if self.pipeline else set()
+        return "error" if "error" in policies else "skip"
+
+    def drops_rows_at(self, event: str) -> bool:
+        """True when a method acting at ``event`` may drop rows: a selection, or ``on_nonfinite=drop``."""
+        return self.pipeline is not None and any(
+            m.config.mechanism == "select" or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
+
     def filters_zero_variance(self) -> bool:
         """True when a selector drops zero-variance groups (what verl's ``algorithm.filter_groups`` does)."""
         return self.pipeline is not None and any(
@@ -111,9 +155,67 @@ class Runtime:
                               impl.plugin_name, event)
         return frozenset(wanted & EVENT_FIELDS[event]) - {"uid", "data_source"}
 
+    def listens(self, event: str) -> bool:
+        """True when a method acts at ``event`` or an observer implements it: a host may skip preparing a
+        batch for an event nobody hears."""
+        if self.pipeline is not None and self.pipeline.at(event):
+            return True
+        if event == "on_step_end" and self.history is not None:
+            return True  # the step's counts in the prompt history close there
+        return any(impl.plugin_name.startswith("observer:")
+                   for impl in getattr(self.bus.pm.hook, event).get_hookimpls())
+
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
-        """Emit one event on the bus; returns what the methods decided."""
-        return self.bus.emit(event, batch, step)
+        """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
+        step's counts in the prompt history."""
+        decision = self.bus.emit(event, batch, step)
+        if event == "on_step_end" and self.history is not None:
+            self.history.end_step(step)
+        return decision
+
+    # -------------------------------------------------------------- prompts and their history
+    def set_prompts(self, table: PromptTable) -> None:
+        """Tell the runtime the dataset's prompts (stable ids); starts the history when one is kept."""
+        from .history import PromptHistory
+
+        self.prompt_table = table
+        if self.keeps_history:
+            self.history = PromptHistory(table, self._visit_classes())
+
+    def _visit_classes(self) -> VisitClasses | None:
+        assert self.pipeline is not None
+        for m in self.pipeline.methods:
+            for component in (m.scorer, m.actuator):
+                wanted = component.visit_classes() if component.uses_history else None
+                if wanted is not None:
+                    return wanted
+        return None
+
+    def prompt_candidates(self, domain_ids: Tensor, rows: Tensor, domain_names: Sequence[str]) -> Batch:
+        """The ``on_prompts`` batch for candidates ``(domain_ids, rows)`` (ids into ``domain_names``, the
+        prompt table's domains): one row and group per candidate, ``prompt_index`` and the history."""
+        import torch
+
+        from .batch import Batch
+
+        if self.prompt_table is None:
+            raise ConfigError(ConfigIssue("dataflex", "the host selects prompts but never gave the runtime its "
+                                          "prompt table (Runtime.set_prompts)"))
+        index = self.prompt_table.lookup(domain_ids, rows)
+        fields = {"prompt_index": index}
+        if self.history is not None:
+            fields.update(self.history.fields(index))  # the epoch before this draw
+            self.history.consider(len(index))
+        n = len(index)
+        return Batch.from_tensors(uid=torch.arange(n), domains=domain_ids, domain_names=list(domain_names),
+                                  is_padding=torch.zeros(n, dtype=torch.bool), **fields)
+
+    def record_rollouts(self, batch: Batch, step: int) -> dict[str, float]:
+        """Add every rolled-out group of ``batch`` (with ``prompt_index`` per row) to the prompt history,
+        before any selection; returns ``dataflex/history/...`` metrics. No-op without a history."""
+        if self.history is None:
+            return {}
+        return {f"dataflex/{k}": v for k, v in self.history.record(batch, step).items()}
 
     @property
     def observer_failures(self) -> list[dict[str, Any]]:
@@ -156,7 +258,10 @@ class Runtime:
         return {slot: pins.get(name, "local") for slot, name in provenance.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline.state_dict() if self.pipeline else None}
+        out: dict[str, Any] = {"pipeline": self.pipeline.state_dict() if self.pipeline else None}
+        if self.history is not None:
+            out["history"] = self.history.state_dict()
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("pipeline")
@@ -165,3 +270,12 @@ class Runtime:
                                           "method is configured"))
         if self.pipeline is not None and saved is not None:
             self.pipeline.load_state_dict(saved)
+        history = state.get("history")
+        if self.keeps_history and self.history is None:
+            raise ConfigError(ConfigIssue("dataflex", "the host restores a prompt history before giving the "
+                                          "runtime its prompt table (Runtime.set_prompts)"))
+        if (history is None) != (self.history is None):
+            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a per-prompt "
+                                          "history is kept"))
+        if self.history is not None and history is not None:
+            self.history.load_state_dict(history)

@@ -16,12 +16,16 @@ from typing import TYPE_CHECKING, Any
 from .block import DataflexConfig, MethodConfig
 from .components import MECHANISM_KIND, TIMINGS, Component, Scorer, Selector, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
+from .history import FIELDS as HISTORY_FIELDS
+from .history import VisitClasses
 
 if TYPE_CHECKING:
     from .registry import ComponentSpec, Registry
 
-#: Fields the host can provide at each event (verl's names). ``uid``/``data_source`` are row labels.
+#: Fields the host can provide at each event (verl's names). ``uid``/``data_source`` are row labels. At
+#: ``on_prompts`` a row is a candidate prompt: its id and history, nothing about responses.
 EVENT_FIELDS: dict[str, frozenset[str]] = {
+    "on_prompts": HISTORY_FIELDS | {"uid", "data_source"},
     "on_rollout": frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask",
                              "input_ids", "rm_scores", "rollout_log_probs", "uid", "data_source"}),
 }
@@ -98,6 +102,8 @@ def validate(
         found = _validate_method(method, cfg, registry, context, mkey, issues)
         classes.append(found)
     issues.extend(_check_stack(cfg, classes, key))
+    issues.extend(_check_history(cfg, classes, key))
+    issues.extend(_check_refill(cfg, key))
     if issues:
         raise ConfigError(issues)
     cfg.warnings = _stack_warnings(cfg, classes, key) + _selection_warnings(cfg, key,
@@ -164,6 +170,12 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component]
             f"{key}.scorer.name",
             f"scorer {sname!r} gives {s_cls.granularity}-level scores but {a_cls.kind} {aname!r} acts on "
             f"{' or '.join(a_cls.accepts)}-level scores", a_cls.accepts))  # type: ignore[attr-defined]
+    if s_cls.timing == "pre_rollout":
+        issues.extend(_check_pre_rollout(method, s_cls, a_cls, key))
+    elif a_cls.uses_history and any(f.startswith("history_") for f in getattr(a_cls, "requires", ())):
+        issues.append(ConfigIssue(f"{key}.scorer.name", f"{a_cls.kind} {aname!r} selects prompts before generation "
+                                  f"from their history; scorer {sname!r} runs {s_cls.timing}: pair it with a "
+                                  "pre_rollout scorer (such as zero_variance_streak)"))
     if method.mechanism == "select" and _TIMING_ORDER.index(s_cls.timing) > _TIMING_ORDER.index("post_advantage"):
         issues.append(ConfigIssue(f"{key}.scorer.name",
                                   f"scorer {sname!r} runs {s_cls.timing}, after the update it would select for"))
@@ -195,6 +207,68 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component]
             issues.append(ConfigIssue(f"{key}.{who}.name",
                                       f"{getattr(method, who).name!r} needs groups, but rollout n={n} (< 2)"))
     return issues
+
+
+def _check_pre_rollout(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component],
+                       key: str) -> list[ConfigIssue]:
+    """A ``pre_rollout`` scorer runs before anything is generated: it can only feed a selection made
+    there, by a selector able to act on a score alone."""
+    sname = method.scorer.name
+    if method.mechanism != "select":
+        return [ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout (before generation); only a "
+                            f"select method can act there, not mechanism {method.mechanism!r}")]
+    issues = []
+    if s_cls.needs_groups:
+        issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout but needs groups of "
+                                  "rollouts, which do not exist before generation"))
+    event = method_event(method.mechanism, s_cls, a_cls)
+    if event != "on_prompts":
+        earliest = getattr(a_cls, "min_timing", "post_reward")
+        issues.append(ConfigIssue(
+            f"{key}.actuator.name",
+            f"scorer {sname!r} runs pre_rollout, but {a_cls.kind} {method.actuator.name!r} can act no earlier than "
+            f"{earliest} ({event}); pair a pre_rollout scorer with a selector that acts on its score alone"))
+    return issues
+
+
+def _check_history(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
+                   key: str) -> list[ConfigIssue]:
+    """The block keeps one per-prompt history: every component that classifies visits must agree."""
+    seen: list[tuple[str, VisitClasses]] = []
+    for method, mkey, found in zip(cfg.methods, method_keys(cfg, key), classes):
+        if found is None or method.resolved is None:
+            continue
+        for slot, cls, params in (("scorer", found[0], method.resolved.scorer_params),
+                                  ("actuator", found[1], method.resolved.actuator_params)):
+            if not cls.uses_history:
+                continue
+            try:
+                wanted = cls(**params).visit_classes()
+            except ConfigError as exc:
+                return [ConfigIssue(f"{mkey}.{slot}.params.{i.key}", i.message, i.allowed) for i in exc.issues]
+            if wanted is not None:
+                seen.append((f"{mkey}.{slot}.params", wanted))
+    issues = []
+    for where, wanted in seen[1:]:
+        if wanted != seen[0][1]:
+            issues.append(ConfigIssue(where, f"classifies prompt visits as {wanted.to_dict()}, but {seen[0][0]} "
+                                      f"classifies them as {seen[0][1].to_dict()}; the block keeps one prompt "
+                                      "history, so they must agree"))
+    return issues
+
+
+def _check_refill(cfg: DataflexConfig, key: str) -> list[ConfigIssue]:
+    """Refill tops up what an ``on_rollout`` selection keeps: without one it would never stop early."""
+    if cfg.refill is None:
+        return []
+    if any(m.resolved is not None and m.resolved.event == "on_rollout" and m.mechanism == "select"
+           for m in cfg.methods):
+        return []
+    if any(m.resolved is None for m in cfg.methods):
+        return []  # the unresolved method was reported already
+    return [ConfigIssue(f"{key}.refill", "dynamic sampling refills the groups an on_rollout selection drops, but no "
+                        "method of this block selects at on_rollout (a select method whose selector keeps or "
+                        "drops whole groups, such as dapo or threshold_band on group_solve_rate)")]
 
 
 def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],

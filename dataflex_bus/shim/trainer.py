@@ -1,13 +1,17 @@
 """An in-process GRPO trainer that emits the dataflex bus events in verl v1's ``_step_once`` order.
 
-One step: draw prompts (by the mixer's domain probabilities when a method mixes) -> roll out
+One step: draw prompts (by the mixer's domain probabilities when a method mixes; through ``on_prompts``
+when a method selects prompts before generation, drawing more candidates until enough are kept) -> roll out
 ``group_size`` responses per prompt -> binary exact-match reward (``rm_scores`` on the last valid token)
 -> ``on_rollout`` (whole groups may be removed before any further compute) -> old log-probs -> reference
 log-probs (when ``kl_coef > 0``) -> GRPO advantages -> ``on_advantage`` (weights multiplied into
 ``rollout_is_weights``, rows dropped, advantages replaced) -> PPO update (clipped loss x
 ``rollout_is_weights``, token-mean over ``loss_mask``) -> ``on_step_end`` (mixers update) -> metrics. The
 decisions are carried out by :mod:`dataflex_bus.decision`, exactly as the verl adapter does, and the
-batch carries verl's field names, so a plugin sees the same data here as inside verl.
+batch carries verl's field names, so a plugin sees the same data here as inside verl. With
+``dataflex.refill`` the draw -> generate -> ``on_rollout`` part repeats in rounds until the selection has
+kept a full batch of groups (dynamic sampling, :class:`~dataflex_bus.decision.GroupFill`); every round's
+rollouts are counted.
 
 Everything random comes from generators this module owns, so a run is a function of its config and
 seed, and a resumed run continues bit for bit.
@@ -23,7 +27,17 @@ import torch
 from torch import Tensor
 
 from ..batch import Batch
-from ..decision import Decision, carry_out_advantage, carry_out_rollout, sampling_probabilities
+from ..decision import (
+    Decision,
+    GroupFill,
+    PromptCounts,
+    PromptFill,
+    carry_out_advantage,
+    carry_out_prompts,
+    carry_out_rollout,
+    kept_groups,
+    sampling_probabilities,
+)
 from ..errors import ConfigError, DataflexError
 from ..ops import grpo_outcome_advantage, segment_count, segment_sum
 from ..runtime import Runtime
@@ -31,16 +45,31 @@ from .config import diff, fingerprint
 from .files import CheckpointError
 from .losses import low_var_kl, policy_loss, token_mean
 from .policy import TinyPolicy, generate, pretrain, token_log_probs
+from .prompt_ids import prompt_rows, prompt_table
 from .tasks import TASKS, Prompts, exact_match, make_prompts, vocab_size
 
 FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "eval", "pretrain")
-#: Cumulative compute counters, saved with every checkpoint.
-COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens")
+#: Cumulative compute counters, saved with every checkpoint. ``generated_rollouts = trained_rows +
+#: dropped_rows`` always; ``considered_prompts`` counts every candidate a prompt selection looked at.
+COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens", "considered_prompts",
+            "generated_groups", "trained_groups", "dropped_rows")
 
 
 def _generator(seed: int, which: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 64 + _GENERATORS.index(which) + 1)
+
+
+def _concat(batches: list[Batch], domains: list[str]) -> Batch:
+    """The generation rounds of one step as one batch (the shim's rounds share every field's shape)."""
+    if len(batches) == 1:
+        return batches[0]
+    fields = {name: torch.cat([b[name] for b in batches]) for name in batches[0].fields}
+    # Dense group ids offset per round: rounds keep their groups apart and in arrival order (no padding).
+    offsets = torch.cumsum(torch.tensor([0] + [b.num_groups for b in batches[:-1]]), 0).tolist()
+    uid = torch.cat([b.group_index + off for b, off in zip(batches, offsets)])
+    return Batch.from_tensors(uid=uid, domains=torch.cat([b.domain_index for b in batches]), domain_names=domains,
+                              is_padding=torch.cat([b.is_padding for b in batches]), **fields)
 
 
 def after_rollout(batch: Batch, decision: Decision) -> tuple[Batch, bool]:
@@ -89,6 +118,8 @@ class ShimTrainer:
         self.compute = dict.fromkeys(COUNTERS, 0)
         if runtime.mixes:
             runtime.set_domains(self.domains)
+        if runtime.needs_prompt_ids:
+            runtime.set_prompts(prompt_table(self.domains))
         self.eval_set = self._make_eval_set() if t["eval_every"] else None
 
     # ------------------------------------------------------------------ sampling
@@ -96,13 +127,34 @@ class ShimTrainer:
         """Sampling probabilities over ``self.domains`` for the next prompts (uniform unless mixing)."""
         return sampling_probabilities(self.runtime.domain_probs, self.domains)
 
-    def _draw(self, probs: Tensor) -> tuple[Prompts, Tensor]:
-        n_prompts = self.t["prompts_per_step"]
+    def _draw(self, probs: Tensor, n_prompts: int) -> Prompts:
         domains = torch.multinomial(probs, n_prompts, replacement=True, generator=self.gens["data"])
-        prompts = make_prompts(domains, self.domains, self.gens["data"])
-        uid = torch.arange(self.next_uid, self.next_uid + n_prompts)
-        self.next_uid += n_prompts
-        return prompts, uid
+        return make_prompts(domains, self.domains, self.gens["data"])
+
+    def _prompts(self, probs: Tensor, n_prompts: int, step: int, counts: PromptCounts,
+                 metrics: dict[str, float]) -> Prompts:
+        """``n_prompts`` prompts to generate: drawn, or, when a method selects prompts, drawn in rounds of
+        candidates through ``on_prompts`` until ``n_prompts`` are kept (:class:`PromptFill`)."""
+        runtime = self.runtime
+        if not runtime.selects_prompts:
+            prompts = self._draw(probs, n_prompts)
+            counts.considered += n_prompts
+            counts.generated += n_prompts
+            return prompts
+        fill = PromptFill(n_prompts, max_oversample=runtime.max_oversample, on_empty=runtime.prompt_policy,
+                          who="dataflex prompt selection")
+        drawn: list[Prompts] = []
+        while (n := fill.request()) > 0:
+            candidates = self._draw(probs, n)
+            batch = runtime.prompt_candidates(candidates.domains, prompt_rows(candidates), self.domains)
+            decision = runtime.emit("on_prompts", batch, step)
+            metrics.update(decision.metrics)
+            fill.add(carry_out_prompts(batch, decision), batch)
+            drawn.append(candidates)
+        chosen = fill.chosen()
+        counts += fill.counts
+        every = Prompts(*(torch.cat([getattr(p, f) for p in drawn]) for f in ("tokens", "domains", "targets")))
+        return Prompts(every.tokens[chosen], every.domains[chosen], every.targets[chosen])
 
     def _make_eval_set(self) -> Prompts:
         per = self.t["eval_prompts"]
@@ -122,11 +174,15 @@ class ShimTrainer:
             metrics["reward/learnable"] = float(rewards[learn].double().mean())
         metrics["response/length_mean"] = float(batch.lengths.double().mean())
 
-    def _rollout(self, probs: Tensor) -> Batch:
-        """Draw prompts, generate ``group_size`` responses each and score them: the on_rollout batch."""
+    def _rollout(self, prompts: Prompts) -> Batch:
+        """Generate ``group_size`` responses per prompt and score them: the on_rollout batch."""
         t, n = self.t, self.t["group_size"]
-        prompts, uid = self._draw(probs)
+        uid = torch.arange(self.next_uid, self.next_uid + len(prompts.domains))
+        self.next_uid += len(prompts.domains)
         rows = prompts.repeat(n)
+        extra = {}
+        if self.runtime.needs_prompt_ids:
+            extra["prompt_index"] = self.runtime.prompt_table.lookup(rows.domains, prompt_rows(rows))  # type: ignore[union-attr]
         self.policy.eval()
         responses, response_mask, rollout_lp = generate(self.policy, rows.tokens, t["temperature"],
                                                         self.gens["rollout"])
@@ -139,7 +195,48 @@ class ShimTrainer:
                                   is_padding=torch.zeros(len(rows.tokens), dtype=torch.bool),
                                   prompts=rows.tokens, responses=responses, response_mask=response_mask,
                                   loss_mask=response_mask.clone(), rm_scores=rm_scores,
-                                  rollout_log_probs=rollout_lp)
+                                  rollout_log_probs=rollout_lp, **extra)
+
+    def _generate(self, probs: Tensor, n_prompts: int, step: int, counts: PromptCounts,
+                  metrics: dict[str, float]) -> tuple[Batch, Decision]:
+        """One generation round: prompts -> rollouts -> history -> ``on_rollout``."""
+        batch = self._rollout(self._prompts(probs, n_prompts, step, counts, metrics))
+        self.compute["generated_rollouts"] += len(batch)
+        self.compute["generated_tokens"] += int(batch.lengths.sum())
+        self.compute["generated_groups"] += batch.num_groups
+        for key, value in self.runtime.record_rollouts(batch, step).items():
+            metrics[key] = metrics.get(key, 0.0) + value
+        decision = self.runtime.emit("on_rollout", batch, step)
+        metrics.update(decision.metrics)
+        return batch, decision
+
+    def _generate_step(self, probs: Tensor, step: int, metrics: dict[str, float]) -> tuple[Batch, Batch, bool]:
+        """The step's generation: every row generated, the rows to go on with, and whether to skip the
+        update. With ``dataflex.refill``, rounds until the on_rollout selection kept a full batch."""
+        target = self.t["prompts_per_step"]
+        counts = PromptCounts()
+        refill = self.runtime.refill
+        if refill is None:
+            batch, decision = self._generate(probs, target, step, counts, metrics)
+            kept, skip = after_rollout(batch, decision)
+        else:
+            fill = GroupFill(target, refill)
+            rounds: list[Batch] = []
+            while (n := fill.request()) > 0:
+                batch, decision = self._generate(probs, n, step, counts, metrics)
+                fill.add(kept_groups(batch, decision))
+                rounds.append(batch)
+            train, refill_metrics = fill.train()
+            metrics.update(refill_metrics)
+            batch = _concat(rounds, self.domains)
+            # Shim uids grow with every prompt, so group order is arrival order across the rounds.
+            decision = Decision()
+            decision.keep = train[batch.group_index.clamp_min(0)] & batch.valid_rows
+            kept, skip = after_rollout(batch, decision)
+        self.compute["considered_prompts"] += counts.considered
+        if self.runtime.selects_prompts:
+            metrics.update(counts.metrics())
+        return batch, kept, skip
 
     def _advantages(self, batch: Batch) -> Batch:
         """Old (and reference) log-probs and GRPO advantages: the on_advantage batch."""
@@ -165,16 +262,10 @@ class ShimTrainer:
         for name, p in zip(self.domains, probs.tolist()):
             metrics[f"data/prob/{name}"] = p
 
-        batch = self._rollout(probs)
+        generated, batch, skip = self._generate_step(probs, step, metrics)
         metrics["time/generate_s"] = time.perf_counter() - started
-        self._reward_metrics(batch, metrics)
-        rolled = len(batch)
-        self.compute["generated_rollouts"] += rolled
-        self.compute["generated_tokens"] += int(batch.lengths.sum())
-
-        decision = self.runtime.emit("on_rollout", batch, step)
-        metrics.update(decision.metrics)
-        batch, skip = after_rollout(batch, decision)
+        self._reward_metrics(generated, metrics)
+        rolled = len(generated)
 
         tick = time.perf_counter()
         batch = self._advantages(batch)
@@ -195,6 +286,8 @@ class ShimTrainer:
             metrics.update(self._update(batch))
             self.compute["trained_rows"] += trained
             self.compute["trained_tokens"] += int(batch["loss_mask"].sum())
+            self.compute["trained_groups"] += batch.num_groups
+        self.compute["dropped_rows"] += rolled - trained
         metrics["time/update_s"] = time.perf_counter() - tick
         metrics["train/skipped_updates"] = float(self.skipped_updates)
 

@@ -10,6 +10,8 @@ Helpers (importable from here):
 * :func:`make_batch` - a GRPO-shaped :class:`~dataflex_bus.Batch`: variable response lengths, binary
   rewards on the last valid token, verl's GRPO advantages, negative old log-probs, optional domains,
   mixed group sizes and padding rows.
+* :func:`make_prompt_batch` - an ``on_prompts`` batch (candidate prompts with their history) for a
+  ``pre_rollout`` scorer.
 * :func:`run_short_training` - a few steps of the CPU shim with a given config; returns the metrics.
 * :func:`apply_method` - build a ``dataflex`` block from the installed (or in-process) components and
   apply it to one batch, returning the :class:`~dataflex_bus.Decision`.
@@ -30,6 +32,7 @@ from dataflex_bus._lazy import lazy_exports
 
 _EXPORTS = {
     "make_batch": "factories",
+    "make_prompt_batch": "factories",
     "DEFAULT_DOMAINS": "factories",
     "run_short_training": "training",
     "apply_method": "contracts",
@@ -49,6 +52,7 @@ __all__ = [
     "check_scorer",
     "check_selector",
     "make_batch",
+    "make_prompt_batch",
     "run_short_training",
 ]
 
@@ -65,5 +69,5 @@ if TYPE_CHECKING:
         check_scorer,
         check_selector,
     )
-    from .factories import DEFAULT_DOMAINS, make_batch
+    from .factories import DEFAULT_DOMAINS, make_batch, make_prompt_batch
     from .training import run_short_training

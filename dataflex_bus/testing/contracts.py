@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..components import GRANULARITIES, TIMINGS, Component, Mixer, Reweighter, Score, Scorer, Selector
-from .factories import make_batch
+from .factories import make_batch, make_prompt_batch
 
 if TYPE_CHECKING:
     from ..batch import Batch
@@ -62,14 +62,16 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
     assert scorer.granularity in GRANULARITIES, (
         f"{who}: granularity {scorer.granularity!r} is not one of {list(GRANULARITIES)}")
     assert all(isinstance(f, str) for f in scorer.requires), f"{who}: requires must list field names"
-    batch = batch if batch is not None else _default_batch()
+    if batch is None:
+        batch = make_prompt_batch() if scorer.timing == "pre_rollout" else _default_batch()
     batch.require(who, scorer.requires)
     event = TIMINGS[scorer.timing]
     score = _wrap(scorer, scorer.score(batch, step, event=event))
     assert score.granularity == scorer.granularity, (
         f"{who}: declared granularity {scorer.granularity!r} but returned {score.granularity!r}")
     values = score.values
-    B, T = batch.token_mask.shape
+    B = len(batch)
+    T = batch.token_mask.shape[1] if score.granularity == "token" else 0
     expected = {"prompt": (B,), "response": (B,), "token": (B, T), "domain": (len(batch.domain_names),)}
     assert tuple(values.shape) == expected[score.granularity], (
         f"{who}: {score.granularity}-level values must have shape {expected[score.granularity]}, "

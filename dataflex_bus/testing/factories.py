@@ -138,3 +138,50 @@ def make_batch(
     if with_is_weights:
         extra["rollout_is_weights"] = torch.ones(rows, max_len, dtype=torch.float32)
     return batch.with_fields(**extra)
+
+
+def make_prompt_batch(
+    *,
+    prompts: int = 12,
+    domains: int | Sequence[str] = 2,
+    table_rows: int = 16,
+    visits: int = 40,
+    seed: int = 0,
+    group_size: int = 4,
+) -> Batch:
+    """An ``on_prompts`` batch: ``prompts`` candidates drawn from a table of ``table_rows`` prompts per
+    domain whose history already holds ``visits`` rolled-out groups (all right, all wrong or mixed, over
+    several steps), as a host hands it to a ``pre_rollout`` scorer: ``prompt_index``, domain labels and
+    every ``history_*`` field (some candidates never seen). Deterministic for a given ``seed``.
+    """
+    from ..history import PromptHistory, PromptTable
+
+    names = _domain_names(domains) or ["math"]
+    if prompts < 1 or table_rows < 1 or visits < 0 or group_size < 2:
+        raise ValueError(f"make_prompt_batch: need prompts, table_rows >= 1, visits >= 0 and group_size >= 2, got "
+                         f"prompts={prompts}, table_rows={table_rows}, visits={visits}, group_size={group_size}")
+    gen = torch.Generator().manual_seed(seed)
+    table = PromptTable.full(names, [table_rows] * len(names), column="row")
+    history = PromptHistory(table)
+    n = len(table)
+    # Only the first half of the table is ever rolled out, so candidates from the rest are new.
+    seen = max(1, n // 2)
+    for step in range(4):
+        count = visits // 4 + (step < visits % 4)
+        if count == 0:
+            continue
+        prompt = torch.randint(0, seen, (count,), generator=gen)
+        kind = torch.randint(0, 3, (count,), generator=gen)  # 0 all right, 1 all wrong, 2 mixed
+        rewards = torch.where(kind[:, None] == 0, 1.0, torch.where(kind[:, None] == 1, 0.0,
+                              (torch.arange(group_size)[None, :] % 2).float())).flatten()
+        rm = torch.zeros(count * group_size, 1)
+        rm[:, 0] = rewards
+        history.record(Batch.from_tensors(uid=torch.arange(count).repeat_interleave(group_size), rm_scores=rm,
+                                          response_mask=torch.ones(count * group_size, 1, dtype=torch.long),
+                                          prompt_index=prompt.repeat_interleave(group_size)), step)
+        history.end_step(step)
+    index = torch.randint(0, n, (prompts,), generator=gen)
+    domain_ids = torch.div(index, table_rows, rounding_mode="floor")
+    return Batch.from_tensors(uid=torch.arange(prompts), domains=domain_ids, domain_names=names,
+                              prompt_index=index, **history.fields(index))
+

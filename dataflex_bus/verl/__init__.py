@@ -11,3 +11,9 @@ never pulls verl in.
 TESTED_VERL = ("0.9.1", "0.9.2")
 #: The name verl users pass as ``trainer.v1.trainer_mode``.
 TRAINER_MODE = "dataflex_sync"
+#: Every dataflex trainer mode and the verl mode whose trainer (and code paths) it runs.
+TRAINER_MODES = {
+    "dataflex_sync": "sync",
+    "dataflex_colocate_async": "colocate_async",
+    "dataflex_separate_async": "separate_async",
+}

@@ -29,8 +29,8 @@ def padded(t: Tensor, pad: float = 0) -> Tensor:
 def to_nested(dense: Tensor, like: Tensor) -> Tensor:
     """Re-nest a padded ``[B, T]`` tensor with the row lengths of the nested tensor ``like``.
 
-    Equivalent to verl's ``response_to_nested`` but built from one boolean gather instead of a loop
-    over rows: row-major order keeps every row's tokens contiguous, so ``like``'s offsets apply.
+    Equivalent to verl's ``response_to_nested`` but one kernel for the whole batch (the inverse of the
+    one ``to_padded_tensor`` runs) instead of a loop over rows.
     """
     if not like.is_nested:
         raise BatchFieldError("dataflex verl adapter", "response_mask", "expected a nested (jagged) tensor")
@@ -40,11 +40,12 @@ def to_nested(dense: Tensor, like: Tensor) -> Tensor:
     if lengths.numel() and int(lengths.max()) > width:
         raise BatchFieldError("dataflex verl adapter", "<re-nest>",
                               f"padded width {width} is shorter than the longest row {int(lengths.max())}")
-    valid = torch.arange(width, device=dense.device)[None, :] < lengths.to(dense.device)[:, None]
+    values = torch.ops.aten._padded_dense_to_jagged_forward(dense.contiguous(), [offsets.to(dense.device)],
+                                                            int(offsets[-1]) if offsets.numel() else 0)
     # Pass the row-length bounds: without them torch pads such a tensor to its *total* length.
     longest = int(lengths.max()) if lengths.numel() else 0
     shortest = int(lengths.min()) if lengths.numel() else 0
-    return torch.nested.nested_tensor_from_jagged(dense[valid], offsets=offsets, max_seqlen=longest,
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, max_seqlen=longest,
                                                   min_seqlen=shortest)
 
 
@@ -57,6 +58,15 @@ def fetch(meta: KVBatchMeta, fields: Iterable[str]) -> TensorDict:
 def padding_flags(tags: Sequence[Mapping[str, Any]]) -> Tensor:
     """Bool ``[B]``: rows verl added to make the batch divisible (tag ``is_padding``)."""
     return torch.tensor([bool(tag.get("is_padding", False)) for tag in tags], dtype=torch.bool)
+
+
+def labels_of(value: Any) -> list[Any]:
+    """A non-tensor field as a plain list (TQ returns a list, a ``NonTensorStack`` or wrapped items,
+    depending on the backend)."""
+    # NonTensorStack.tolist() unwraps every item at once; unwrapping item by item goes through the
+    # tensorclass attribute machinery and costs milliseconds per thousand rows.
+    items = value.tolist() if hasattr(value, "tolist") and not isinstance(value, Tensor) else list(value)
+    return [getattr(item, "data", item) if not isinstance(item, str) else item for item in items]
 
 
 def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key: str = "data_source") -> Batch:
@@ -73,8 +83,7 @@ def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key:
         if isinstance(value, Tensor):
             fields[name] = padded(value)
         elif name in ("uid", domain_key):
-            # Elements may come back wrapped (NonTensorData) depending on the TQ backend.
-            labels[name] = [getattr(item, "data", item) for item in value]
+            labels[name] = labels_of(value)
     if not fields:
         raise BatchFieldError("dataflex verl adapter", "<fields>",
                               f"TransferQueue returned no tensor field (got {sorted(data.keys())})")

@@ -15,3 +15,5 @@ def dataflex_register(register):
              summary="mean/sum/max of |advantage| over a rollout's tokens")
     register("scorer", "token_prob", f"{_M}:TokenProb",
              summary="per-token probability exp(old_log_probs)")
+    register("scorer", "zero_variance_streak", "dataflex_plugins.methods.prompts:ZeroVarianceStreak",
+             summary="pre-rollout: signed length of the prompt's current run of all-right/all-wrong visits")

@@ -24,7 +24,7 @@ def test_design_embeds_the_hookspec_docstrings_verbatim():
 
 
 def test_events_are_the_documented_order():
-    assert EVENTS == ("on_rollout", "on_advantage", "on_step_end")
+    assert EVENTS == ("on_prompts", "on_rollout", "on_advantage", "on_step_end")
     text = DESIGN.read_text()
     positions = [text.index(f"`{e}(") for e in EVENTS]
     assert positions == sorted(positions)

@@ -118,6 +118,10 @@ class Recorder:
         self.events.append((name, step, batch, decision))
 
     @hookimpl
+    def on_prompts(self, batch, step, decision):
+        self._rec("on_prompts", batch, step, decision)
+
+    @hookimpl
     def on_rollout(self, batch, step, decision):
         self._rec("on_rollout", batch, step, decision)
 

@@ -68,7 +68,11 @@ def probes(tmp_path_factory):
     }
     doctor = [sys.executable, "-m", "dataflex_bus.cli", "doctor", "--json"]
     commands = {name: [sys.executable, str(script), first] for name, (_, first) in cases.items()}
-    commands.update(doctor_broken=doctor, doctor_excluded=doctor)
+    commands.update(doctor_broken=doctor, doctor_excluded=doctor, doctor_ignored=[
+        sys.executable, "-m", "dataflex_bus.cli", "doctor", "--json", "trainer.v1.trainer_mode=sync",
+        "+dataflex.mechanism=select", "+dataflex.scorer.name=group_solve_rate",
+        "+dataflex.actuator.name=threshold_band", "+dataflex.no_such_key=1"])
+    cases.update(doctor_ignored=({}, None))
     cases.update(doctor_broken=({"PYTHONPATH": str(shim)}, None))
     # verl told to skip our entry point, plus a broken dataflex method pack, under strict plugin loading
     pack = tmp_path_factory.mktemp("brokenpack")
@@ -79,7 +83,15 @@ def probes(tmp_path_factory):
     cases.update(doctor_excluded=({"PYTHONPATH": str(pack), "VERL_USE_EXTERNAL_PLUGINS": "none",
                                    "DATAFLEX_STRICT_PLUGINS": "1"}, None))
     cwd = {"doctor_excluded": str(pack)}
-    procs = {name: subprocess.Popen(commands[name], env={**base, **env}, stdout=subprocess.PIPE,
+    # The checked-out code (not whichever copy is installed) goes after each case's own path.
+    root = Path(__file__).parents[2]
+    here = os.pathsep.join([str(root), str(root / "plugins")])
+
+    def environ(env: dict) -> dict:
+        path = env.get("PYTHONPATH")
+        return {**base, **env, "PYTHONPATH": f"{path}{os.pathsep}{here}" if path else here}
+
+    procs = {name: subprocess.Popen(commands[name], env=environ(env), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, cwd=cwd.get(name, str(shim)))
              for name, (env, _) in cases.items()}
     results = {}
@@ -167,3 +179,13 @@ def test_doctor_fails_when_verl_will_not_register_the_mode_and_reports_every_plu
     assert by_name["plugin broken"]["status"] == "FAIL"
     assert "dataflex_no_such_module_xyz" in by_name["plugin broken"]["detail"]
     assert by_name["plugin select"]["status"] == "ok"  # the healthy packs are still listed
+
+
+def test_doctor_with_verl_overrides_fails_a_block_the_mode_would_ignore(probes):
+    rc, checks, err = probes["doctor_ignored"]
+    by_name = {c["check"]: c for c in checks}
+    assert rc == 1, checks
+    assert by_name["dataflex block"]["status"] == "FAIL"
+    assert "use trainer.v1.trainer_mode=dataflex_sync" in by_name["dataflex block"]["detail"]
+    # verl's import-time chatter (no accelerator here, optional engines missing) is silenced
+    assert "No supported accelerator" not in err and "engine is not available" not in err

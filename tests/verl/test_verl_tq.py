@@ -13,6 +13,8 @@ import pytest
 import torch
 from seed_config import SEED
 
+from dataflex_bus import hookimpl
+
 pytestmark = [pytest.mark.verl, pytest.mark.tq]
 
 REWEIGHT_MATH_X2 = [
@@ -170,12 +172,35 @@ def test_on_rollout_empty_selection_keeps_one_group_and_skips_the_update(H, tmp_
 
 # ---------------------------------------------------------------------------- semi-e2e fit()
 @pytest.mark.integration
+class Watcher:
+    """An observer plugin hearing every event (so the trainer emits all three)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    @hookimpl
+    def on_rollout(self, batch, step):
+        self.seen.append(("on_rollout", step))
+
+    @hookimpl
+    def on_advantage(self, batch, step):
+        self.seen.append(("on_advantage", step))
+
+    @hookimpl
+    def on_step_end(self, batch, step):
+        self.seen.append(("on_step_end", step))
+
+
 def test_fit_select_event_order_removal_and_checkpoint(H, tmp_path, clean_partition):
     tq = clean_partition
     data = dataset(H, tmp_path, math=4, logic=4, code=4)
-    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=3) + SEED).setup().fit()
+    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=3) + SEED)
+    watcher = Watcher()
+    run.trainer.dataflex.bus.add_observer(watcher, "watcher")
+    run.setup().fit()
     step = ["generate", "on_rollout", "compute_log_prob", "on_advantage", "update_actor", "on_step_end"]
     assert run.events == step * 2
+    assert watcher.seen == [(event, n) for n in (0, 1) for event in ("on_rollout", "on_advantage", "on_step_end")]
     wg = run.trainer.actor_rollout_wg
     for logged, keys, update in zip(run.logged, wg.log_prob_keys, wg.updates):
         real = [k for k, pad in zip(update["keys"], update["is_padding"]) if not pad]

@@ -34,6 +34,22 @@ class RowReward(Scorer):
         return Score(values=batch.rewards, granularity="response")
 
 
+@register_scorer("vt_nan_for")
+class NanForDomain(Scorer):
+    """s_i = r_i, but NaN on every row of ``domain`` (a scorer failing on part of the batch)."""
+
+    requires = ("rm_scores", "response_mask")
+    timing = "post_advantage"
+    granularity = "response"
+    params = {"domain": Param(str)}
+
+    def score(self, batch, step_id, **ctx):
+        names = batch.domain_names
+        target = names.index(self.domain) if self.domain in names else -2
+        values = torch.where(batch.domain_index == target, torch.tensor(float("nan")), batch.rewards)
+        return Score(values=values, granularity="response")
+
+
 @register_reweighter("vt_domain_weight")
 class DomainWeight(Reweighter):
     """Weight ``weight`` on every real token of rows from ``domain``, 1 elsewhere."""

@@ -61,10 +61,10 @@ def compose(overrides: list[str]):
 
 
 def base_overrides(data: Path, ckpt: Path, *, steps: int = 2, batch: int = 4, mini: int = 2,
-                   n: int = 4) -> list[str]:
+                   n: int = 4, mode: str = "dataflex_sync") -> list[str]:
     """A tiny GRPO run that passes verl's ``validate_config`` on a CPU box."""
     return [
-        "trainer.v1.trainer_mode=dataflex_sync",
+        f"trainer.v1.trainer_mode={mode}",
         "algorithm.adv_estimator=grpo",
         f"data.train_files={data}",
         f"data.val_files={data}",
@@ -117,6 +117,13 @@ class StubCheckpointEngine:
         self.updates.append(global_steps)
 
     def sleep_replicas(self) -> None:
+        return None
+
+    # the async modes also pause and resume generation around the update
+    def abort_replicas(self, reject_request: bool = False) -> None:
+        return None
+
+    def resume_generation_replicas(self) -> None:
         return None
 
 
@@ -272,6 +279,17 @@ class FakeActorWG:
         self.updates.append(record)
         return {"metrics": {"pg_loss": pg_losses, "mfu": [0.0]}}
 
+    # separate_async keeps pi_old on the CPU between the updates of one parameter_sync_step cycle
+    def save_model_to_cpu(self, slot: int) -> None:
+        self.cpu_models = getattr(self, "cpu_models", {})
+        self.cpu_models[slot] = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    def restore_model_from_cpu(self, slot: int) -> None:
+        self.model.load_state_dict(self.cpu_models[slot])
+
+    def clear_cpu_model(self, slot: int) -> None:
+        self.cpu_models.pop(slot, None)
+
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         os.makedirs(local_path, exist_ok=True)
         torch.save({"model": self.model.state_dict(), "optim": self.optimizer.state_dict()},
@@ -322,6 +340,12 @@ class Run:
         t.teacher_model_manager, t.distillation_config = None, None
         t.checkpoint_manager = StubCheckpointEngine()
         t.checkpoint_manager.sleep_replicas()
+        if hasattr(t, "hybrid_rollout_config"):  # separate_async: a standalone rollout pool only
+            from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
+
+            t.standalone_checkpoint_manager = StubCheckpointEngine()
+            t._enable_hybrid_replicas = False
+            t.current_mode = HybridEngineMode.TRAINER
         t._load_checkpoint()
         t.on_init_end()
         return self
