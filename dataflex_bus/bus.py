@@ -302,6 +302,10 @@ class EventBus:
             if calls:
                 self._observer_calls[event] = calls
 
+    def observed(self, event: str) -> bool:
+        """True when an observer implements ``event``."""
+        return event in self._observer_calls
+
     @property
     def observer_failures(self) -> list[dict[str, Any]]:
         """One entry per failing ``(observer, hook)``: ``observer``, ``hook``, ``count``, ``first_step``,

@@ -162,8 +162,7 @@ class Runtime:
             return True
         if event == "on_step_end" and self.history is not None:
             return True  # the step's counts in the prompt history close there
-        return any(impl.plugin_name.startswith("observer:")
-                   for impl in getattr(self.bus.pm.hook, event).get_hookimpls())
+        return self.bus.observed(event)
 
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
         """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
