@@ -16,8 +16,8 @@ The contract for both roles: the batch is read, never written. A hook that chang
 in place (or replaces one) would change what the host trains on without anyone deciding it. The components
 of a method are always checked (:meth:`~dataflex_bus.method.Method` compares the batch around every
 scorer/actuator call: microseconds against their work). Checking every bus hook costs more than a do-nothing
-hook itself, so it is on where plugins are tried (the CPU shim turns it on), with
-``DATAFLEX_CHECK_WRITES=1``, or with ``EventBus(check_writes=True)``: after every hook that takes the batch
+hook itself, so it is on where plugins are tried (the CPU shim turns it on), in debug mode
+(``DATAFLEX_DEBUG=1``), or with ``EventBus(check_writes=True)``: after every hook that takes the batch
 the bus compares the batch's tensors with the snapshot taken when the event was emitted (identity and
 version counter: no copy) and stops the run with a :class:`PluginRuntimeError` naming the plugin and the
 field; the same holds for an observer writing the decision's tensors in place. Writes that bypass torch's
@@ -30,7 +30,6 @@ import functools
 import inspect
 import logging
 import operator
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ from .decision import Decision
 from .discovery import new_plugin_manager
 from .errors import BatchFieldError, PluginRuntimeError
 from .hookspecs import EVENTS, PROJECT
+from .registry import debug_mode
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dataflex_bus")
 _MARK = f"{PROJECT}_impl"
 _VERSION = operator.attrgetter("_version")
-#: Turns on the write check of every bus hook (``1``/``true``/``yes``/``on``).
-ENV_CHECK_WRITES = "DATAFLEX_CHECK_WRITES"
 
 
 class PluginInterrupt(KeyboardInterrupt):
@@ -263,9 +261,8 @@ class EventBus:
     """
 
     def __init__(self, plugins: PluginSet | None = None, *, check_writes: bool | None = None) -> None:
-        #: Compare the batch around every hook (see the module doc); ``None``: ``DATAFLEX_CHECK_WRITES``.
-        self.check_writes = (os.environ.get(ENV_CHECK_WRITES, "").strip().lower() in {"1", "true", "yes", "on"}
-                             if check_writes is None else check_writes)
+        #: Compare the batch around every hook (see the module doc); ``None``: in debug mode (DATAFLEX_DEBUG).
+        self.check_writes = debug_mode() if check_writes is None else check_writes
         self.pm = new_plugin_manager()
         self.observer_pm = new_plugin_manager()
         self.participants: list[str] = []

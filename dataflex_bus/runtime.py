@@ -43,7 +43,7 @@ class Runtime:
         self.pipeline: Pipeline | None = (
             build_pipeline(dataflex, self.plugins.registry(), context=context) if dataflex else None
         )
-        # check_writes: compare the batch around every bus hook (None: DATAFLEX_CHECK_WRITES); see bus.py.
+        # check_writes: compare the batch around every bus hook (None: in debug mode, DATAFLEX_DEBUG); see bus.py.
         self.bus = EventBus(self.plugins, check_writes=check_writes)
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.name)

@@ -242,12 +242,12 @@ def test_hooks_writing_the_batch_stop_the_run_named(how, what, role):
 
 
 def test_the_bus_wide_check_is_opt_in(monkeypatch):
-    """Off by default (a bus hook may be cheaper than the check); on with DATAFLEX_CHECK_WRITES=1."""
-    monkeypatch.delenv("DATAFLEX_CHECK_WRITES", raising=False)
+    """Off by default (a bus hook may be cheaper than the check); on in debug mode (DATAFLEX_DEBUG=1)."""
+    monkeypatch.delenv("DATAFLEX_DEBUG", raising=False)
     bus = EventBus()
     bus.add_observer(BatchScribbler("in_place"), "scribbler")
     bus.emit("on_advantage", toy_batch(), 0)  # not checked: the contract is documented, not enforced here
-    monkeypatch.setenv("DATAFLEX_CHECK_WRITES", "1")
+    monkeypatch.setenv("DATAFLEX_DEBUG", "1")
     bus = EventBus()
     bus.add_observer(BatchScribbler("in_place"), "scribbler")
     with pytest.raises(PluginRuntimeError, match="'advantages': written in place"):
