@@ -163,7 +163,7 @@ def batch_write_error(plugin: str, hook: str, writes: list[tuple[str, str]]) -> 
 
 
 # ---------------------------------------------------------------------------- the decision, read-only
-class ReadOnlyDict(dict):  # type: ignore[type-arg]
+class ReadOnlyDict(dict[str, Any]):
     """A copy of one of the decision's dicts that refuses writes (a ``dict``, so a metric sink can still
     ``json.dumps`` it)."""
 

@@ -61,6 +61,10 @@ class Component:
 
     kind: ClassVar[str] = ""
     params: ClassVar[Mapping[str, Param]] = {}
+    #: Batch fields the component reads (verl names; ``uid`` and ``data_source`` are row labels).
+    requires: ClassVar[Sequence[str]] = ()
+    #: Needs several rollouts per prompt (a group-based advantage estimator such as GRPO).
+    needs_groups: ClassVar[bool] = False
     #: Reads the per-prompt history (the ``history_*`` fields): the runtime keeps one when any component
     #: of the block declares this (see :mod:`dataflex_bus.history`).
     uses_history: ClassVar[bool] = False

@@ -262,13 +262,13 @@ def _env_entry_warnings(var: str, wanted: set[str] | None, known: set[str]) -> l
 def _plan() -> _Plan:
     allow = _names_from_env(ENV_LOAD)
     deny = _names_from_env(ENV_DISABLE) or set()
-    eps = {}
+    eps: dict[tuple[str, str], Any] = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         # A distribution on sys.path twice shows its entry points twice on Python < 3.12: keep one.
         dist_key = normalize_name(ep.dist.metadata["Name"]) if ep.dist else ""
         eps.setdefault((dist_key, ep.name), ep)
     known: set[str] = set()
-    entries = []
+    entries: list[tuple[Any, str | None, str | None]] = []
     for (dist_key, _), ep in sorted(eps.items()):
         names = {normalize_name(ep.name)} | ({dist_key} if dist_key else set())
         known |= names

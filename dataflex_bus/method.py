@@ -116,7 +116,7 @@ class Method:
         """The score, and the rows ``on_nonfinite=drop`` dropped (``None``: none). The batch returned has
         those rows marked as padding, so no statistic, group or normalisation counts them."""
         batch.require(self.scorer.who, self.scorer.requires)
-        batch.require(self.actuator.who, self.actuator.requires)  # type: ignore[attr-defined]
+        batch.require(self.actuator.who, self.actuator.requires)
         score = self._call("scorer", self._scored, batch, step)
         values = score.values
         bad = batch.nonfinite_rows(values) if values.dim() >= 1 and values.shape[0] == len(batch) else None

@@ -9,8 +9,8 @@ the runtime's state with their checkpoints. So the same plugin code runs in both
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from .block import DataflexConfig
 from .bus import EventBus
@@ -149,7 +149,8 @@ class Runtime:
         hook = self.plugins.pm.hook.dataflex_fields
         for impl in hook.get_hookimpls():
             try:
-                wanted |= set(impl.function(event=event) or ())
+                named = cast(Iterable[str], impl.function(event=event) or ())
+                wanted |= {str(f) for f in named}
             except Exception:
                 log.exception("dataflex: plugin %r failed in dataflex_fields(%r); its fields are not fetched",
                               impl.plugin_name, event)

@@ -9,6 +9,7 @@ with a did-you-mean for misspelt keys.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import difflib
 import math
@@ -31,7 +32,7 @@ class Param:
     ``default`` is required; ``None`` is allowed when ``type`` includes ``type(None)``.
     """
 
-    type: type | tuple[type, ...]
+    type: builtins.type | tuple[builtins.type, ...]
     default: Any = REQUIRED
     low: float | None = None
     high: float | None = None
@@ -39,7 +40,7 @@ class Param:
     high_open: bool = False
     choices: tuple[Any, ...] | None = None
     doc: str = ""
-    item: type | None = None
+    item: builtins.type | None = None
     unique: bool = False
     nonempty: bool = False
 
@@ -48,7 +49,7 @@ class Param:
         return self.default is REQUIRED
 
     @property
-    def types(self) -> tuple[type, ...]:
+    def types(self) -> tuple[builtins.type, ...]:
         return self.type if isinstance(self.type, tuple) else (self.type,)
 
     def describe(self) -> str:

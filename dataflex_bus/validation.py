@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .block import DataflexConfig, MethodConfig
-from .components import MECHANISM_KIND, TIMINGS, Component, Scorer, Selector, resolve_params
+from .components import MECHANISM_KIND, TIMINGS, Actuator, Mixer, Scorer, Selector, as_score, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
 from .history import FIELDS as HISTORY_FIELDS
 from .history import VisitClasses
@@ -52,7 +52,7 @@ class Resolved:
     event: str
 
 
-def method_event(mechanism: str, scorer_cls: type[Scorer], actuator_cls: type[Component]) -> str:
+def method_event(mechanism: str, scorer_cls: type[Scorer], actuator_cls: type[Actuator]) -> str:
     """The bus event a method acts at, from its mechanism and its components' timings."""
     if mechanism == "mix":
         return "on_step_end"
@@ -88,6 +88,7 @@ def validate(
     ``rollout_n`` (responses per prompt) and ``available_fields`` ({event: fields}) to override
     :data:`EVENT_FIELDS`.
     """
+    issues: list[ConfigIssue]
     if isinstance(config, DataflexConfig):
         cfg, issues = config, []
     else:
@@ -97,7 +98,7 @@ def validate(
         cfg = parsed
     registry = registry if registry is not None else installed_registry()
     context = dict(context or {})
-    classes: list[tuple[type[Scorer], type[Component]] | None] = []
+    classes: list[tuple[type[Scorer], type[Actuator]] | None] = []
     for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
         found = _validate_method(method, cfg, registry, context, mkey, issues)
         classes.append(found)
@@ -112,7 +113,7 @@ def validate(
 
 
 def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Registry, context: Mapping[str, Any],
-                     key: str, issues: list[ConfigIssue]) -> tuple[type[Scorer], type[Component]] | None:
+                     key: str, issues: list[ConfigIssue]) -> tuple[type[Scorer], type[Actuator]] | None:
     before = len(issues)
     s_spec, s_cls = _resolve(registry, "scorer", method.scorer.name, f"{key}.scorer.name", issues)
     a_spec, a_cls = _resolve(registry, "actuator", method.actuator.name, f"{key}.actuator.name", issues)
@@ -138,8 +139,10 @@ def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Regist
     if method.mechanism == "mix" and cfg.domains:
         # Rules that join parameters and domains (a floor times K, proportions naming every domain)
         # are checked by the mixer's own set_domains, here rather than at the first training step.
+        mixer = a_cls(**(a_params or {}))
+        assert isinstance(mixer, Mixer)
         try:
-            a_cls(**a_params).set_domains(list(cfg.domains))  # type: ignore[attr-defined]
+            mixer.set_domains(list(cfg.domains))
         except ConfigError as exc:
             issues.extend(exc.issues)
             return None
@@ -161,15 +164,15 @@ def _resolve(registry: Registry, slot: str, name: str, key: str,
         return None, None
 
 
-def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component],
+def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
                context: Mapping[str, Any], key: str) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     sname, aname = method.scorer.name, method.actuator.name
-    if s_cls.granularity not in a_cls.accepts:  # type: ignore[attr-defined]
+    if s_cls.granularity not in a_cls.accepts:
         issues.append(ConfigIssue(
             f"{key}.scorer.name",
             f"scorer {sname!r} gives {s_cls.granularity}-level scores but {a_cls.kind} {aname!r} acts on "
-            f"{' or '.join(a_cls.accepts)}-level scores", a_cls.accepts))  # type: ignore[attr-defined]
+            f"{' or '.join(a_cls.accepts)}-level scores", a_cls.accepts))
     if s_cls.timing == "pre_rollout":
         issues.extend(_check_pre_rollout(method, s_cls, a_cls, key))
     elif a_cls.uses_history and any(f.startswith("history_") for f in getattr(a_cls, "requires", ())):
@@ -184,18 +187,19 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component]
                                   f"scorer {sname!r} runs post_update, after the loss it would reweight"))
     fields_at = dict(EVENT_FIELDS)
     fields_at.update(context.get("available_fields") or {})
-    for who, cls in (("scorer", s_cls), ("actuator", a_cls)):
-        timing = s_cls.timing if who == "scorer" else None
-        event = TIMINGS[timing] if timing else method_event(method.mechanism, s_cls, a_cls)
-        missing = [f for f in cls.requires if f not in fields_at[event]]  # type: ignore[attr-defined]
+    needs: list[tuple[str, type[Scorer] | type[Actuator], str]] = [
+        ("scorer", s_cls, s_cls.timing), ("actuator", a_cls, a_cls.min_timing)]
+    for who, cls, timing in needs:
+        event = TIMINGS[timing] if who == "scorer" else method_event(method.mechanism, s_cls, a_cls)
+        missing = [f for f in cls.requires if f not in fields_at[event]]
         if missing:
             issues.append(ConfigIssue(
                 f"{key}.{who}.name",
                 f"{cls.kind} {getattr(method, who).name!r} requires {missing}, not available at {event} "
-                f"(timing {timing or cls.min_timing})", sorted(fields_at[event])))  # type: ignore[attr-defined]
+                f"(timing {timing})", sorted(fields_at[event])))
     estimator = context.get("adv_estimator")
-    for who, cls in (("scorer", s_cls), ("actuator", a_cls)):
-        if not cls.needs_groups:  # type: ignore[attr-defined]
+    for who, cls, _ in needs:
+        if not cls.needs_groups:
             continue
         if estimator is not None and str(estimator) in NON_GROUP_ESTIMATORS:
             issues.append(ConfigIssue(
@@ -209,7 +213,7 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component]
     return issues
 
 
-def _check_pre_rollout(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Component],
+def _check_pre_rollout(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
                        key: str) -> list[ConfigIssue]:
     """A ``pre_rollout`` scorer runs before anything is generated: it can only feed a selection made
     there, by a selector able to act on a score alone."""
@@ -231,7 +235,7 @@ def _check_pre_rollout(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Co
     return issues
 
 
-def _check_history(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
+def _check_history(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Actuator]] | None],
                    key: str) -> list[ConfigIssue]:
     """The block keeps one per-prompt history: every component that classifies visits must agree."""
     seen: list[tuple[str, VisitClasses]] = []
@@ -271,7 +275,7 @@ def _check_refill(cfg: DataflexConfig, key: str) -> list[ConfigIssue]:
                         "drops whole groups, such as dapo or threshold_band on group_solve_rate)")]
 
 
-def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
+def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Actuator]] | None],
                  key: str) -> list[ConfigIssue]:
     """Rules between the methods of a stack (one method passes trivially)."""
     issues: list[ConfigIssue] = []
@@ -288,7 +292,7 @@ def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Com
     return issues
 
 
-def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Component]] | None],
+def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Actuator]] | None],
                     key: str) -> list[ConfigIssue]:
     """A scorer other than the statistic the actuator is defined on; a method reading advantages that a
     later method at the same event recomputes."""
@@ -328,6 +332,8 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIss
     selects = [i for i, m in enumerate(cfg.methods) if m.mechanism == "select" and m.resolved is not None]
     if not selects or n < 2:
         return []
+    import torch
+
     from .decision import Decision
     from .testing.factories import make_batch
 
@@ -335,14 +341,16 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIss
     rewards = [float(i < k) for k in range(n + 1) for i in range(n)]
     batch = make_batch(groups=n + 1, group_size=n, rewards=rewards, max_len=4, min_len=4, domains=1)
     decision = Decision()
-    view, warnings = batch, []
+    view, warnings = batch, list[ConfigIssue]()
     for i in selects:
         found = cfg.methods[i].resolved
         assert found is not None
         try:
             scorer = found.scorer.load()(**found.scorer_params)
             selector = found.actuator.load()(**found.actuator_params)
-            keep = selector.select(view, scorer.score(view, 0), 0).keep.to(bool) & view.valid_rows
+            assert isinstance(scorer, Scorer) and isinstance(selector, Selector)
+            score = as_score(scorer.score(view, 0), scorer, view)
+            keep = selector.select(view, score, 0).keep.to(torch.bool) & view.valid_rows
         except (Exception, SystemExit):  # sys.exit in a plugin must not end `validate` or `run` with 0
             return warnings
         if not bool(keep.any()):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -31,7 +31,10 @@ def _default_batch() -> Batch:
     return make_batch(groups=6, group_size=4, mixed_group_sizes=True, padding_rows=2, domains=2, seed=7)
 
 
-def _instance(component: Component | type[Component]) -> Any:
+C = TypeVar("C", bound=Component)
+
+
+def _instance(component: C | type[C]) -> C:
     return component() if isinstance(component, type) else component
 
 
@@ -65,8 +68,7 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
     if batch is None:
         batch = make_prompt_batch() if scorer.timing == "pre_rollout" else _default_batch()
     batch.require(who, scorer.requires)
-    event = TIMINGS[scorer.timing]
-    score = _wrap(scorer, scorer.score(batch, step, event=event))
+    score = _wrap(scorer, scorer.score(batch, step))
     assert score.granularity == scorer.granularity, (
         f"{who}: declared granularity {scorer.granularity!r} but returned {score.granularity!r}")
     values = score.values
@@ -93,12 +95,12 @@ def check_scorer(scorer: Scorer | type[Scorer], batch: Batch | None = None, *, s
         extra = getattr(score, name)
         if extra is not None:
             assert extra.shape[0] == B, f"{who}: Score.{name} must have one entry per row"
-    again = _wrap(scorer, scorer.score(batch, step, event=event))
+    again = _wrap(scorer, scorer.score(batch, step))
     assert torch.equal(torch.nan_to_num(again.values.double()), torch.nan_to_num(values.double())), (
         f"{who}: two calls on the same batch disagree (scores must be deterministic)")
     if bool(batch.is_padding.any()) and score.granularity != "domain":
         bare = batch.select(batch.valid_rows)
-        trimmed = _wrap(scorer, scorer.score(bare, step, event=event)).values
+        trimmed = _wrap(scorer, scorer.score(bare, step)).values
         ours = values[batch.valid_rows]
         assert torch.allclose(trimmed.double(), ours.double(), equal_nan=True), (
             f"{who}: padding rows changed the scores of real rows (padding must be excluded)")
@@ -120,7 +122,7 @@ def _score_for(scorer: Scorer | Score | None, batch: Batch, step: int) -> Score:
     if scorer is None:
         return Score(batch.rewards, "response")
     scorer = _instance(scorer)
-    return _wrap(scorer, scorer.score(batch, step, event=TIMINGS[scorer.timing]))
+    return _wrap(scorer, scorer.score(batch, step))
 
 
 def check_selector(selector: Selector | type[Selector], batch: Batch | None = None,
@@ -229,7 +231,7 @@ def assert_state_roundtrip(component: Component, twin: Component | None = None) 
     state = component.state_dict()
     if twin is None:
         twin = type(component)(**component.config)
-        if isinstance(component, Mixer) and getattr(component, "domains", None) is not None:
+        if isinstance(component, Mixer) and isinstance(twin, Mixer) and getattr(component, "domains", None) is not None:
             twin.set_domains(component.domains)
     twin.load_state_dict(copy.deepcopy(state))
     assert _same(twin.state_dict(), state), (

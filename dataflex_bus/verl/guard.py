@@ -126,7 +126,7 @@ def _guard_tree(base: type[Any], judge: Callable[[Any, Any], ConfigIssue | None]
     while stack:
         cls = stack.pop()
         if "__init__" in cls.__dict__:
-            cls.__init__ = _guard(cls.__dict__["__init__"], judge)  # type: ignore[misc]
+            cls.__init__ = _guard(cls.__dict__["__init__"], judge)
         stack.extend(cls.__subclasses__())
     if getattr(base.__dict__.get("__init_subclass__"), _MARK, False):
         return
@@ -134,7 +134,7 @@ def _guard_tree(base: type[Any], judge: Callable[[Any, Any], ConfigIssue | None]
     def guard_subclass(cls: type[Any], **kwargs: Any) -> None:
         super(base, cls).__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
-            cls.__init__ = _guard(cls.__dict__["__init__"], judge)  # type: ignore[misc]
+            cls.__init__ = _guard(cls.__dict__["__init__"], judge)
 
     setattr(guard_subclass, _MARK, True)
     base.__init_subclass__ = classmethod(guard_subclass)  # type: ignore[assignment]

@@ -9,7 +9,7 @@ pads on the way in and re-nests on the way out, on whole tensors (no per-row loo
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transfer_queue as tq
@@ -34,7 +34,7 @@ def to_nested(dense: Tensor, like: Tensor) -> Tensor:
     """
     if not like.is_nested:
         raise BatchFieldError("dataflex verl adapter", "response_mask", "expected a nested (jagged) tensor")
-    offsets = like.offsets()
+    offsets: Tensor = like.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
     lengths = offsets.diff()
     width = dense.shape[1]
     if lengths.numel() and int(lengths.max()) > width:
@@ -88,7 +88,7 @@ def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key:
         raise BatchFieldError("dataflex verl adapter", "<fields>",
                               f"TransferQueue returned no tensor field (got {sorted(data.keys())})")
     return Batch.from_tensors(uid=labels.get("uid"), domains=labels.get(domain_key),
-                              is_padding=padding_flags(tags), **fields)
+                              is_padding=padding_flags(tags), **cast(dict[str, Any], fields))
 
 
 def put(meta: KVBatchMeta, fields: Mapping[str, Tensor]) -> KVBatchMeta:

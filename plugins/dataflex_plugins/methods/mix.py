@@ -70,6 +70,9 @@ class DumpUCB(Mixer):
         "window": Param(int, 300, low=1, doc="FIFO length per domain"),
         "temperature": Param(float, 0.1, low=0.0, low_open=True, doc="softmax temperature"),
     }
+    c: float
+    window: int
+    temperature: float
 
     def set_domains(self, domains: Sequence[str]) -> None:
         super().set_domains(domains)
@@ -79,7 +82,7 @@ class DumpUCB(Mixer):
         self.ptr = torch.zeros(k, dtype=torch.long)
         self.counts = torch.zeros(k, dtype=torch.long)
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         d, v = _domain_rows(self, batch, score)
         k, w = len(self.domains), self.window
         v = v.abs()
@@ -145,6 +148,9 @@ class RewardGap(Mixer):
         "floor": Param(float, 0.0, low=0.0, high=1.0, high_open=True, doc="minimum probability per domain"),
         "momentum": Param(float, 0.0, low=0.0, high=1.0, high_open=True, doc="EMA factor of rbar"),
     }
+    temperature: float
+    floor: float
+    momentum: float
 
     def set_domains(self, domains: Sequence[str]) -> None:
         k = len(domains)
@@ -156,7 +162,7 @@ class RewardGap(Mixer):
         self.rbar = torch.zeros(k, dtype=torch.float64)
         self.seen = torch.zeros(k, dtype=torch.bool)
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         d, v = _domain_rows(self, batch, score)
         k = len(self.domains)
         n = segment_count(d, k)
@@ -201,6 +207,7 @@ class Static(Mixer):
     params: ClassVar = {
         "proportions": Param((dict, list), doc="domain -> weight, or weights in domain order"),
     }
+    proportions: dict | list
 
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -239,7 +246,7 @@ class Static(Mixer):
         super().set_domains(domains)
         self._probs = weights / weights.sum()
 
-    def update(self, batch: Batch, score: Score, step_id: int) -> dict[str, float]:
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
         return {}
 
     def probabilities(self) -> Tensor:

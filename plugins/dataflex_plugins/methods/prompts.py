@@ -51,6 +51,13 @@ class ZeroVarianceStreak(Scorer):
         "count_easy": Param(float, 1.0, doc="greso: per-step counts take groups all equal to this as easy"),
         "count_hard": Param(float, 0.1, doc="greso: per-step counts take groups all equal to this as hard"),
     }
+    mode: str
+    easy_min: float
+    hard_max: float
+    tau_easy: float
+    tau_hard: float
+    count_easy: float
+    count_hard: float
 
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:

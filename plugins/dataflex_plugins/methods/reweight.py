@@ -45,8 +45,9 @@ class AdvantageReweight(Reweighter):
     params: ClassVar = {
         "alpha": Param(float, 0.3, low=0.0, high=1.0, doc="mixing weight of the token probability"),
     }
+    alpha: float
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         p = score.values
         check_token_shape(self.who, "score", p, batch)
         # One fused pass: (1 - alpha) + alpha * p. Off-mask tokens are set to 1 by the pipeline.
@@ -66,8 +67,10 @@ class Softmax(Reweighter):
         "temperature": Param(float, 1.0, low=0.0, low_open=True, doc="softmax temperature T"),
         "normalize": Param(str, "row", choices=("row", "token"), doc="mean 1 over rows or over tokens"),
     }
+    temperature: float
+    normalize: str
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         valid = batch.valid_rows
         check_row_values(self.who, "score", score.values, batch)
         s = score.values.to(torch.float64)
@@ -91,8 +94,11 @@ class PerAdvantage(Reweighter):
         "beta": Param(float, 0.4, low=0.0, high=1.0, doc="importance-correction exponent"),
         "eps": Param(float, 1e-6, low=0.0, low_open=True, doc="priority floor so no row gets weight 0"),
     }
+    alpha: float
+    beta: float
+    eps: float
 
-    def reweight(self, batch: Batch, score: Score, step_id: int) -> Reweighting:
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
         valid = batch.valid_rows
         check_row_values(self.who, "score", score.values, batch)
         log_p = torch.log(score.values.to(torch.float64).abs() + self.eps)

@@ -26,7 +26,7 @@ class RewardDifficulty(Scorer):
     granularity: ClassVar = "response"
     params: ClassVar = {}
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
         r = batch.rewards
         return Score(values=r, granularity="response")
 
@@ -47,8 +47,9 @@ class GroupSolveRate(Scorer):
     params: ClassVar = {
         "success_threshold": Param(float, 0.5, doc="a rollout counts as solved when its reward exceeds this"),
     }
+    success_threshold: float
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
         r = batch.rewards
         gi, ng = batch.group_index, batch.num_groups
         solved = (r > self.success_threshold).to(torch.long)
@@ -82,8 +83,9 @@ class AdvantageMagnitude(Scorer):
     timing: ClassVar = "post_advantage"
     granularity: ClassVar = "response"
     params: ClassVar = {"agg": Param(str, "mean", choices=("mean", "sum", "max"))}
+    agg: str
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
         tm = batch.token_mask
         adv = batch["advantages"]
         # where() rather than multiply: NaN * 0 would leak a masked-out NaN into the row score.
@@ -109,7 +111,7 @@ class TokenProb(Scorer):
     granularity: ClassVar = "token"
     params: ClassVar = {}
 
-    def score(self, batch: Batch, step_id: int, **ctx: Any) -> Score:
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
         lp = batch["old_log_probs"]
         if tuple(lp.shape) != tuple(batch.token_mask.shape):
             from dataflex_bus.errors import BatchFieldError

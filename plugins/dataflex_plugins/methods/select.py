@@ -43,6 +43,9 @@ class ThresholdBand(Selector):
         "high": Param(float, doc="upper edge of the band"),
         "inclusive": Param(bool, True, doc="keep scores equal to an edge"),
     }
+    low: float
+    high: float
+    inclusive: bool
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
@@ -54,7 +57,7 @@ class ThresholdBand(Selector):
             return [("low", f"low={values['low']!r} must be <= high={values['high']!r}")]
         return []
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         valid = batch.valid_rows
         if score.counts is not None and score.totals is not None:
             # Integer counts against float64 edges; (low -/+ 1e-9) * G is low*G with a slack of 1e-9*G,
@@ -93,12 +96,13 @@ class DapoFilter(Selector):
     params: ClassVar = {
         "metric": Param(str, "reward", choices=("reward", "score"), doc="which per-row value must vary"),
     }
+    metric: str
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
         return True  # decides per group, whatever the scorer
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         if self.metric == "reward":
             v = batch.rewards
             check_row_values(self.who, "rm_scores", v, batch)
@@ -124,8 +128,10 @@ class TopKFraction(Selector):
         "fraction": Param(float, 0.5, low=0.0, high=1.0, low_open=True, doc="share of real rows kept"),
         "largest": Param(bool, True, doc="keep the highest scores (false: the lowest)"),
     }
+    fraction: float
+    largest: bool
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         valid = batch.valid_rows
         values = score.values
         check_row_values(self.who, "score", values, batch)
@@ -167,8 +173,10 @@ class MaxVariance(Selector):
         "keep_fraction": Param(float, 0.5, low=0.0, high=1.0, low_open=True, doc="share of each group kept"),
         "eps": Param(float, 1e-4, low=0.0, low_open=True, doc="added to the subset std (PODS: 1e-4)"),
     }
+    keep_fraction: float
+    eps: float
 
-    def select(self, batch: Batch, score: Score, step_id: int) -> Selection:
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
         who = self.who
         check_row_values(who, "score", score.values, batch)
         keep = max_variance_keep(score.values, batch.group_index, batch.num_groups, self.keep_fraction)
