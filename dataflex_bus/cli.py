@@ -122,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataflexError as exc:
         print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C (or a plugin raising it) is no crash: no traceback
+        print(f"dataflex {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
+        return 130
 
 
 # ---------------------------------------------------------------------------- plugins
@@ -472,16 +475,21 @@ VERL_SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_m
 
 def verl_context(config: dict[str, Any], issues: list[Any]) -> dict[str, Any]:
     """What validation checks a block against in a verl config: ``algorithm.adv_estimator`` and
-    ``actor_rollout_ref.rollout.n`` (a non-integer ``n`` is an issue of its own, not a traceback)."""
+    ``actor_rollout_ref.rollout.n`` (a non-integer ``n``, a non-string estimator or a section that is not a
+    mapping is an issue naming its key, not a traceback)."""
     from .errors import ConfigIssue
 
     ctx: dict[str, Any] = {}
-    algorithm = config.get("algorithm")
-    if isinstance(algorithm, dict) and algorithm.get("adv_estimator") is not None:
-        ctx["adv_estimator"] = str(algorithm["adv_estimator"])
-    actor = config.get("actor_rollout_ref")
-    rollout = actor.get("rollout") if isinstance(actor, dict) else None
-    if isinstance(rollout, dict) and "n" in rollout:
+    algorithm = _section(config, ("algorithm",), issues)
+    estimator = algorithm.get("adv_estimator")
+    if estimator is not None:
+        if isinstance(estimator, str) and estimator:
+            ctx["adv_estimator"] = estimator
+        else:
+            issues.append(ConfigIssue("algorithm.adv_estimator", f"expected an estimator name (a string), got "
+                                      f"{type(estimator).__name__} {estimator!r}"))
+    rollout = _section(config, ("actor_rollout_ref", "rollout"), issues)
+    if "n" in rollout:
         n = rollout["n"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             issues.append(ConfigIssue("actor_rollout_ref.rollout.n", f"expected an integer >= 1 (responses per "
@@ -489,6 +497,22 @@ def verl_context(config: dict[str, Any], issues: list[Any]) -> dict[str, Any]:
         else:
             ctx["rollout_n"] = n
     return ctx
+
+
+def _section(config: dict[str, Any], path: tuple[str, ...], issues: list[Any]) -> dict[str, Any]:
+    """The mapping at ``path`` (empty when absent); one that is not a mapping is an issue naming its key."""
+    from .errors import ConfigIssue
+
+    node: Any = config
+    for depth in range(len(path)):
+        node = node.get(path[depth])
+        if node is None:
+            return {}
+        if not isinstance(node, dict):
+            issues.append(ConfigIssue(".".join(path[: depth + 1]), f"expected a mapping, got "
+                                      f"{type(node).__name__} {node!r}"))
+            return {}
+    return node
 
 
 def check_config(config: dict[str, Any]) -> Any:

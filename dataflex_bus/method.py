@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from .block import MethodConfig
+from .bus import BatchWatch, PluginInterrupt, batch_write_error
 from .components import Mixer, Reweighter, Score, Scorer, Selector, as_score
 from .decision import Decision, check_probabilities
 from .errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError, PluginRuntimeError
@@ -49,8 +50,11 @@ class Method:
         self.configured_domains = list(domains) if domains else None
         self.domain_probs: dict[str, float] | None = None
         self.counters = {"empty_selections": 0, "nonfinite_rows": 0}
+        #: Whether the domains were checked against the data: by a host (set_domains) or the first batch.
+        self.domains_checked = False
         if isinstance(actuator, Mixer) and self.configured_domains:
             self.set_domains(self.configured_domains)
+            self.domains_checked = False
 
     @property
     def name(self) -> str:
@@ -69,6 +73,7 @@ class Method:
             domains = self.configured_domains
         self.actuator.set_domains(list(domains))
         self.domain_probs = {d: 1.0 / len(domains) for d in domains}
+        self.domains_checked = True
 
     # -------------------------------------------------------------- the method
     def apply(self, batch: Batch, step: int, decision: Decision) -> None:
@@ -90,14 +95,22 @@ class Method:
             self._apply_reweight(batch, view, score, dropped, step, decision)
 
     def _call(self, who: str, fn: Callable[..., T], *args: Any) -> T:
-        """Call a component method; any failure names the component's plugin and the event."""
+        """Call a component method; any failure (``SystemExit`` included) or write to the batch it was
+        given names the component's plugin and the event."""
+        component = self.scorer if who == "scorer" else self.actuator
+        plugin = self.provenance.get(who, component.name)
+        watch = BatchWatch(args[0]) if args else None
         try:
-            return fn(*args)
-        except PluginRuntimeError:
+            result = fn(*args)
+        except (PluginRuntimeError, PluginInterrupt):
             raise
-        except Exception as exc:
-            component = self.scorer if who == "scorer" else self.actuator
-            raise PluginRuntimeError(self.provenance.get(who, component.name), self.event, exc) from exc
+        except KeyboardInterrupt as exc:
+            raise PluginInterrupt(plugin, self.event) from exc
+        except (Exception, SystemExit) as exc:
+            raise PluginRuntimeError(plugin, self.event, exc) from exc
+        if watch is not None and watch.changed():
+            raise batch_write_error(plugin, self.event, watch.writes())
+        return result
 
     def _score(self, batch: Batch, step: int, metrics: dict[str, float]) -> tuple[Batch, Score, Tensor | None]:
         """The score, and the rows ``on_nonfinite=drop`` dropped (``None``: none). The batch returned has
@@ -233,6 +246,8 @@ class Method:
         assert isinstance(mixer, Mixer)
         if self.domain_probs is None:
             self.set_domains(self.configured_domains or batch.domain_names)
+        if not self.domains_checked:
+            self._check_domains_in(batch)
         batch = batch.with_domain_names(mixer.domains)
         metrics = decision.metrics
         if (step + 1) % self.config.update_step == 0:
@@ -245,6 +260,18 @@ class Method:
         decision.domain_probs = dict(self.domain_probs or {})
         for d, p in decision.domain_probs.items():
             metrics[f"{self.prefix}domain_prob/{d}"] = p
+
+    def _check_domains_in(self, batch: Batch) -> None:
+        """Without a host that told the pipeline its domains, check the configured ones against the first
+        batch: a mixer favours a domain it never sees (no statistics, the largest exploration bonus)."""
+        self.domains_checked = True
+        unseen = [d for d in self.actuator.domains if d not in batch.domain_names]  # type: ignore[attr-defined]
+        if unseen:
+            log.warning("dataflex: dataflex.domains %s do not occur in the first batch (its domains: %s); %s would "
+                        "give a domain it never sees most of the sampling probability. Remove it from "
+                        "dataflex.domains if the data has none (a host states its domains with "
+                        "Runtime.set_domains)", unseen, ", ".join(batch.domain_names) or "none",
+                        self.actuator.name)
 
     # -------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

@@ -37,12 +37,14 @@ class Runtime:
     observers."""
 
     def __init__(self, dataflex: DataflexConfig | Mapping[str, Any] | None, *,
-                 context: Mapping[str, Any] | None = None, plugins: PluginSet | None = None) -> None:
+                 context: Mapping[str, Any] | None = None, plugins: PluginSet | None = None,
+                 check_writes: bool | None = None) -> None:
         self.plugins = plugins if plugins is not None else get_plugins()
         self.pipeline: Pipeline | None = (
             build_pipeline(dataflex, self.plugins.registry(), context=context) if dataflex else None
         )
-        self.bus = EventBus(self.plugins)
+        # check_writes: compare the batch around every bus hook (None: in debug mode, DATAFLEX_DEBUG); see bus.py.
+        self.bus = EventBus(self.plugins, check_writes=check_writes)
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.name)
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}
@@ -161,8 +163,7 @@ class Runtime:
             return True
         if event == "on_step_end" and self.history is not None:
             return True  # the step's counts in the prompt history close there
-        return any(impl.plugin_name.startswith("observer:")
-                   for impl in getattr(self.bus.pm.hook, event).get_hookimpls())
+        return self.bus.observed(event)
 
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
         """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
@@ -215,6 +216,12 @@ class Runtime:
         if self.history is None:
             return {}
         return {f"dataflex/{k}": v for k, v in self.history.record(batch, step).items()}
+
+    @property
+    def observer_failures(self) -> list[dict[str, Any]]:
+        """Observers that raised (isolated, the run went on): one entry per observer and hook with the
+        count, first and last step and last error; for the host's run record."""
+        return self.bus.observer_failures
 
     # -------------------------------------------------------------- mix
     def set_domains(self, domains: Sequence[str]) -> None:

@@ -351,7 +351,7 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIss
             assert isinstance(scorer, Scorer) and isinstance(selector, Selector)
             score = as_score(scorer.score(view, 0), scorer, view)
             keep = selector.select(view, score, 0).keep.to(torch.bool) & view.valid_rows
-        except Exception:
+        except (Exception, SystemExit):  # sys.exit in a plugin must not end `validate` or `run` with 0
             return warnings
         if not bool(keep.any()):
             before = " of what the methods before it leave" if decision.keep is not None else ""

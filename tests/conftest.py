@@ -1,6 +1,7 @@
 """Suite-wide settings: our own tests load plugins strictly, so a broken first-party pack fails loudly."""
 
 import importlib.util
+import logging
 import os
 
 import pytest
@@ -13,3 +14,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # never a quietly skipped tier.
     if os.environ.get("CI", "").lower() in {"1", "true", "yes"} and importlib.util.find_spec("verl") is None:
         raise pytest.UsageError("CI=true but verl is not installed: install the `verl` extra")
+
+
+@pytest.fixture
+def dataflex_log(caplog, monkeypatch):
+    """Every record of the library's logger, once. The command line's log set-up (if a CLI test ran
+    earlier in the session) stops propagation, so the handler sits on the logger itself, with propagation
+    off meanwhile."""
+    logger = logging.getLogger("dataflex_bus")
+    monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logger, "level", logging.DEBUG)
+    logger.addHandler(caplog.handler)
+    caplog.handler.setLevel(logging.DEBUG)
+    yield caplog
+    logger.removeHandler(caplog.handler)

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ..config import load_config
 from ..errors import ConfigError, ConfigIssue, PluginRuntimeError
 from . import report
 from .config import prepare
-from .files import CHECKPOINT, PLOT
+from .files import CHECKPOINT, PLOT, RunDirError, make_run_dir, run_dir_lock
 from .run import run_training
 
 
@@ -30,6 +35,35 @@ def _plot(metrics: list[dict[str, float]], resolved: dict[str, Any], path: Path,
 
 
 # ---------------------------------------------------------------------------- run
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during ``dataflex run``: handled as an interrupt, so the run record says so."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated("terminated (SIGTERM)")
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While training, SIGTERM (a scheduler's stop, `kill`) ends the run like Ctrl-C: recorded as
+    interrupted, the last checkpoint intact. The library itself installs no handler (it may run in verl)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _checkpoint_note(out: Path) -> str:
+    ckpt = out / CHECKPOINT
+    if ckpt.exists():
+        return f"the last checkpoint ({ckpt}) is intact; --resume continues from it"
+    return "no checkpoint was written yet"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.force and args.resume:
         raise ConfigError(ConfigIssue("--force/--resume", "choose one: --force starts over, --resume continues"))
@@ -41,30 +75,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    try:
-        result = run_training(prepared, out=out, resume=args.resume, force=args.force,
-                              progress=not args.no_progress)
-    except PluginRuntimeError:
-        ckpt = out / CHECKPOINT
-        where = f"the last checkpoint ({ckpt}) is intact; fix the plugin and --resume" if ckpt.exists() \
-            else "no checkpoint was written yet"
-        print(f"dataflex run: stopped: {where}", file=sys.stderr)
-        raise
-    s = result.summary
-    domains = resolved["data"]["domains"]
-    print(f"done: {len(result.metrics)} steps in {result.record['wall_s']:.1f}s -> {out}")
-    first = report.series(result.metrics[: max(1, len(result.metrics) // 10)], "reward/learnable")
-    start = [v for v in first if math.isfinite(v)]
-    if start and "reward/learnable" in s:
-        print(f"reward on learnable domains: {sum(start) / len(start):.3f} (first 10%) -> "
-              f"{s['reward/learnable']:.3f} (last 10%)")
-    per = "  ".join(f"{d} {s[f'reward/{d}']:.2f}" for d in domains if f"reward/{d}" in s)
-    print(f"final reward per domain: {per}")
-    print(f"kept fraction {s.get('train/kept_fraction', 1.0):.3f} (rows trained / rows generated), "
-          f"{int(s.get('train/skipped_updates', 0))} of {len(result.metrics)} updates skipped")
-    evals = [m for m in result.metrics if "eval/heldout/learnable" in m]
-    if evals:
-        print(f"held-out accuracy on learnable domains: {evals[0]['eval/heldout/learnable']:.3f} (step "
-              f"{evals[0]['step']:.0f}) -> {evals[-1]['eval/heldout/learnable']:.3f} (step {evals[-1]['step']:.0f})")
-    print(_plot(result.metrics, resolved, out / PLOT, f"{Path(args.config).stem} (seed {resolved['trainer']['seed']})"))
+    if args.resume and not out.is_dir():
+        raise RunDirError(f"{out}: no run to resume (no such directory)")
+    make_run_dir(out)
+    # The lock covers the plot too: a second run must not replace files while this one finishes.
+    with run_dir_lock(out), _sigterm_interrupts():
+        try:
+            result = run_training(prepared, out=out, resume=args.resume, force=args.force,
+                                  progress=not args.no_progress)
+        except PluginRuntimeError:
+            print(f"dataflex run: stopped: {_checkpoint_note(out)}", file=sys.stderr)
+            raise
+        except KeyboardInterrupt as exc:
+            why = f" ({exc})" if str(exc) else ""
+            print(f"dataflex run: interrupted{why}; {_checkpoint_note(out)}", file=sys.stderr)
+            return 130
+        s = result.summary
+        domains = resolved["data"]["domains"]
+        print(f"done: {len(result.metrics)} steps in {result.record['wall_s']:.1f}s -> {out}")
+        first = report.series(result.metrics[: max(1, len(result.metrics) // 10)], "reward/learnable")
+        start = [v for v in first if math.isfinite(v)]
+        if start and "reward/learnable" in s:
+            print(f"reward on learnable domains: {sum(start) / len(start):.3f} (first 10%) -> "
+                  f"{s['reward/learnable']:.3f} (last 10%)")
+        per = "  ".join(f"{d} {s[f'reward/{d}']:.2f}" for d in domains if f"reward/{d}" in s)
+        print(f"final reward per domain: {per}")
+        print(f"kept fraction {s.get('train/kept_fraction', 1.0):.3f} (rows trained / rows generated), "
+              f"{int(s.get('train/skipped_updates', 0))} of {len(result.metrics)} updates skipped")
+        evals = [m for m in result.metrics if "eval/heldout/learnable" in m]
+        if evals:
+            print(f"held-out accuracy on learnable domains: {evals[0]['eval/heldout/learnable']:.3f} (step "
+                  f"{evals[0]['step']:.0f}) -> {evals[-1]['eval/heldout/learnable']:.3f} "
+                  f"(step {evals[-1]['step']:.0f})")
+        print(_plot(result.metrics, resolved, out / PLOT,
+                    f"{Path(args.config).stem} (seed {resolved['trainer']['seed']})"))
     return 0

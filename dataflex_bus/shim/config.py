@@ -22,6 +22,7 @@ from ..block import DataflexConfig
 from ..errors import ConfigError, ConfigIssue
 from ..schema import Param, check_section, unknown_key
 from ..validation import validate
+from .sizes import check_memory
 from .split import heldout_issues
 from .tasks import TASKS
 
@@ -92,7 +93,10 @@ def _resolve_sections(config: Any, issues: list[ConfigIssue]) -> dict[str, Any]:
     data = check_section(config.get("data"), DATA, "data", issues)
     # Whether the held-out prompts fit the domains' levels is only known once both keys are valid.
     if not any(i.key in ("data.domains", "data.heldout") for i in issues):
-        issues.extend(heldout_issues(data["domains"], data["heldout"]))
+        misfit = heldout_issues(data["domains"], data["heldout"])
+        if misfit:
+            issues.extend(misfit)
+            data["heldout"] = DATA["heldout"].default  # as for any bad value: later checks go on sound
     return {"trainer": trainer, "model": model, "data": data,
             "dataflex": copy.deepcopy(block) if block else None}
 
@@ -139,6 +143,16 @@ def prepare(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None,
             method = validate(resolved["dataflex"], context=context)
         except ConfigError as exc:
             issues.extend(exc.issues)
+    if method is not None and method.domains and not any(i.key == "data.domains" for i in issues):
+        # The mixer would otherwise refuse them only after the warm start (and `validate` never).
+        missing = [d for d in method.domains if d not in resolved["data"]["domains"]]
+        if missing:
+            issues.append(ConfigIssue("dataflex.domains", f"domains {missing} are not in data.domains",
+                                      resolved["data"]["domains"]))
+    # Keys with a bad value hold their default in `resolved`, so the estimate is sound either way.
+    too_big = check_memory(resolved)
+    if too_big is not None:
+        issues.append(too_big)
     if issues:
         raise ConfigError(issues)
     return RunConfig(resolved, method)

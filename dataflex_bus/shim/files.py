@@ -1,17 +1,29 @@
-"""The files of a run directory and how they are written: atomically, so a crash never leaves a
-half-written checkpoint, metrics file or run record behind.
+"""The files of a run directory and how they are written: atomically, checked, under a lock.
 
-``checkpoint.pt`` (trainer state), ``metrics.jsonl`` (one JSON object per step), ``run.json`` (the run
-record) and ``curves.png``.
+``checkpoint.pt`` (trainer state behind a checksum header), ``metrics.jsonl`` (one JSON object per step),
+``run.json`` (the run record) and ``curves.png``. While a run (or a resume) writes a directory it holds an
+exclusive lock on ``.dataflex.lock`` there, so a second run on the same directory is refused, naming the
+holder. Every write goes through a uniquely named temporary file and a rename, so a crash, or a second
+writer, never leaves a half-written file behind; every ``OSError`` becomes a :class:`RunDirError` naming
+the path.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
 import os
-from collections.abc import Callable
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -21,42 +33,65 @@ CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 RECORD = "run.json"
 PLOT = "curves.png"
+LOCK = ".dataflex.lock"
 #: Files a run directory holds; ``--force`` removes exactly these, nothing else.
 RUN_FILES = (CHECKPOINT, METRICS, RECORD, PLOT)
+#: First line of a checkpoint file: the SHA-256 and size of the ``torch.save`` payload after it.
+CHECKPOINT_MAGIC = b"dataflex-checkpoint/1"
 
 
 class RunDirError(DataflexError):
-    """The output directory holds a run that would be overwritten, or no run to resume."""
+    """The output directory cannot be used: it holds a run that would be overwritten, no run to resume,
+    another run holds it, or it cannot be written."""
 
 
 class CheckpointError(DataflexError):
-    """A checkpoint cannot be read, or was written by a different config or method."""
+    """A checkpoint or metrics file cannot be read, is damaged, or was written by a different config."""
 
 
-def atomic_write_bytes(path: Path, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file in the same directory, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def io_error(path: Path, exc: OSError, doing: str) -> RunDirError:
+    """A one-line :class:`RunDirError` for an ``OSError`` met while ``doing`` something to ``path``."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    hint = {errno.EACCES: "; check the permissions or choose another --out",
+            errno.EPERM: "; check the permissions or choose another --out",
+            errno.EROFS: "; the file system is read-only: choose another --out",
+            errno.ENOSPC: "; the disk is full: free space or choose another --out",
+            errno.EDQUOT: "; the disk quota is exhausted: free space or choose another --out"}.get(exc.errno or 0, "")
+    return RunDirError(f"{path}: cannot {doing} ({reason}){hint}")
 
 
-def save_checkpoint(state: dict[str, Any], out: Path) -> None:
-    """Write ``checkpoint.pt`` atomically: a crash leaves the previous one."""
-    atomic_write_bytes(out / CHECKPOINT, lambda fh: torch.save(state, fh))
+# ---------------------------------------------------------------------------- atomic writes
+def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write through a uniquely named temporary file in the same directory, then rename over ``path``.
 
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise RunDirError(f"{path.parent}: no checkpoint to resume from ({path.name} missing)")
+    The name is unique per process and call, so two writers never share a temporary file; a failure
+    removes it. Raises :class:`RunDirError` naming ``path`` on any ``OSError``.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        # Our own file (it holds optimizer and plugin state, plain containers and tensors).
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); "
-                              "start a fresh run (--force)") from exc
+        # O_EXCL: never reuse whatever is at that name; the mode leaves the umask to the OS (as open()).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise io_error(path, exc, "write") from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        _discard(tmp)
+        raise io_error(path, exc, "write") from exc
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def _discard(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -64,6 +99,74 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write_bytes(path, lambda fh: fh.write(text.encode()))
 
 
+def write_json_in_place(path: Path, data: Any) -> None:
+    """Last resort when the directory no longer takes new files (read-only mid-run): rewrite the
+    existing file itself. Not atomic, but it is how a failed run still gets marked failed."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str).encode()
+    try:
+        with open(path, "r+b") as fh:
+            fh.write(text)
+            fh.truncate()
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise io_error(path, exc, "write") from exc
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def save_checkpoint(state: dict[str, Any], out: Path) -> None:
+    """Write ``checkpoint.pt`` atomically (a crash leaves the previous one), behind a header holding
+    the payload's SHA-256 and size, so a damaged file is refused instead of loaded."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getbuffer()
+    header = CHECKPOINT_MAGIC + f" sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n".encode()
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(header)
+        fh.write(payload)
+
+    atomic_write_bytes(out / CHECKPOINT, write)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`; refuses a missing, truncated or altered one."""
+    if not path.exists():
+        raise RunDirError(f"{path.parent}: no checkpoint to resume from ({path.name} missing)")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({exc.strerror or exc})") from exc
+    fresh = "start a fresh run (--force)"
+    head, sep, payload = data.partition(b"\n")
+    fields = head.split(b" ")
+    if not sep or fields[0] != CHECKPOINT_MAGIC or len(fields) != 3:
+        raise CheckpointError(f"{path}: cannot read the checkpoint (no {CHECKPOINT_MAGIC.decode()} header: not "
+                              f"written by dataflex run, or damaged at its start); {fresh}")
+    try:
+        digest = fields[1].removeprefix(b"sha256=").decode("ascii")
+        size = int(fields[2].removeprefix(b"bytes="))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{path}: cannot read the checkpoint (damaged header {head[:80]!r}); "
+                              f"{fresh}") from None
+    if len(payload) != size:
+        raise CheckpointError(f"{path}: the checkpoint is truncated or extended ({len(payload)} bytes after the "
+                              f"header, the header says {size}); {fresh}")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(f"{path}: checksum mismatch, the checkpoint is damaged (SHA-256 differs from the "
+                              f"one written with it); {fresh}")
+    try:
+        # Our own file (it holds optimizer and plugin state, plain containers and tensors).
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); {fresh}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: cannot read the checkpoint (it holds a {type(state).__name__}, not a "
+                              f"mapping); {fresh}")
+    return state
+
+
+# ---------------------------------------------------------------------------- metrics
 def metrics_line(metrics: dict[str, float]) -> str:
     return json.dumps(metrics, sort_keys=True) + "\n"
 
@@ -74,24 +177,173 @@ def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
     atomic_write_bytes(path, lambda fh: fh.write(text.encode()))
 
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The per-step metrics of a run directory (``metrics.jsonl``)."""
+def read_metrics(path: Path, limit: int | None = None) -> list[dict[str, float]]:
+    """The per-step metrics of a run directory (``metrics.jsonl``); blank lines are skipped.
+
+    With ``limit``, only the first ``limit`` steps are read and lines after them are not looked at (a
+    resume redoes those steps, so a line cut short by a crash there loses nothing). Raises
+    :class:`CheckpointError` naming the file and the line of any line that is not a JSON object.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    rows: list[dict[str, float]] = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{path}: line {number} is not UTF-8 text (byte {exc.start}); the file is "
+                                  "damaged") from None
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: line {number} is not valid JSON ({exc}); the file is damaged") from None
+        if not isinstance(row, dict):
+            raise CheckpointError(f"{path}: line {number} holds a JSON {type(row).__name__}, not an object; the "
+                                  "file is damaged")
+        rows.append(row)
+    return rows
 
 
+# ---------------------------------------------------------------------------- the run directory
 def existing_run_files(out: Path) -> list[str]:
-    return [name for name in RUN_FILES if (out / name).exists()] if out.exists() else []
+    return [name for name in RUN_FILES if (out / name).exists()] if out.is_dir() else []
 
 
 def check_run_dir(out: Path, *, force: bool) -> None:
-    """Refuse to overwrite a run unless ``force``; with ``force``, remove only the run's own files."""
+    """Refuse to overwrite a run unless ``force``; with ``force``, remove only the run's own files, and
+    only while no other run holds the directory (its lock is taken for the removal)."""
     found = existing_run_files(out)
     if not found:
         return
     if not force:
         raise RunDirError(f"{out} already holds a run ({', '.join(found)}); use --force to overwrite it or "
                           "--resume to continue it")
-    for name in found:
-        (out / name).unlink()
+    with run_dir_lock(out):
+        for name in existing_run_files(out):
+            try:
+                (out / name).unlink()
+            except OSError as exc:
+                raise io_error(out / name, exc, "remove the old run's file") from exc
+
+
+def make_run_dir(out: Path) -> bool:
+    """Create ``out`` (and its parents) if needed; returns whether it was created. Refuses, naming the
+    culprit, a path that is a file, lies under a file, or cannot be created."""
+    if out.is_dir():
+        return False
+    if out.exists():
+        raise RunDirError(f"{out}: exists and is not a directory; choose another --out")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise RunDirError(f"{out}: cannot create the run directory: {parent} is a file, not a directory")
+    try:
+        out.mkdir(parents=True)
+    except FileExistsError:  # created meanwhile by someone else: fine if it is a directory
+        if not out.is_dir():
+            raise RunDirError(f"{out}: exists and is not a directory; choose another --out") from None
+        return False
+    except OSError as exc:
+        raise io_error(out, exc, "create the run directory") from exc
+    return True
+
+
+def check_writable(out: Path) -> None:
+    """Create, write, rename and remove a file in ``out`` (what every save does), before any training."""
+    probe = out / ".dataflex-write-probe"
+    atomic_write_bytes(probe, lambda fh: fh.write(b"probe\n"))
+    try:
+        probe.unlink()
+    except OSError as exc:
+        raise io_error(probe, exc, "remove a file") from exc
+
+
+# ---------------------------------------------------------------------------- the lock
+#: Locks this process holds: resolved directory -> [owning thread id, depth]. ``flock`` locks belong to
+#: an open file, so a second ``open`` + ``flock`` in the same process would refuse its own run.
+_HELD: dict[Path, list[int]] = {}
+_HELD_GUARD = threading.Lock()
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another process (pid unknown)"
+    where = f" on {info['host']}" if info.get("host") and info.get("host") != socket.gethostname() else ""
+    since = f", since {info['since']}" if info.get("since") else ""
+    return f"pid {info['pid']}{where}{since}"
+
+
+@contextmanager
+def run_dir_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the run directory ``out`` (which must exist) for the duration.
+
+    A second holder, in another process or another thread, is refused with a :class:`RunDirError`
+    naming the holder's pid. Nested use in the same thread is allowed (the command line holds the lock
+    over the run and the plot). Uses ``fcntl.flock`` (Linux, macOS); where locking is unsupported the
+    error says so rather than running unprotected. The lock file stays; only the lock is released (also
+    by the kernel when the holder dies), so a crash never leaves a stale lock behind.
+    """
+    key = out.resolve()
+    me = threading.get_ident()
+    with _HELD_GUARD:
+        held = _HELD.get(key)
+        if held is not None:
+            if held[0] != me:
+                raise RunDirError(f"{out} is in use by another run in this process (pid {os.getpid()}); "
+                                  "choose another --out")
+            held[1] += 1
+    if held is not None:
+        try:
+            yield
+        finally:
+            with _HELD_GUARD:
+                held[1] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:
+        raise RunDirError(f"{out}: cannot lock the run directory: file locking (fcntl) is not available on "
+                          f"{sys.platform}; dataflex run needs it to keep two runs out of one directory") from None
+    path = out / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise io_error(path, exc, "create the run directory's lock file") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirError(f"{out} is in use by another dataflex run ({_holder(path)}); wait for it to finish "
+                              "or choose another --out") from None
+        except OSError as exc:
+            raise RunDirError(f"{out}: cannot lock the run directory ({exc.strerror or exc}); file locking is not "
+                              "supported on this file system: choose a local --out") from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError:
+            pass  # the holder's name is a courtesy for the refused run; the lock itself is held
+        with _HELD_GUARD:
+            _HELD[key] = [me, 1]
+        try:
+            yield
+        finally:
+            with _HELD_GUARD:
+                del _HELD[key]
+            try:
+                os.ftruncate(fd, 0)  # no holder while unlocked
+            except OSError:
+                pass
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,24 +1,28 @@
 """``run_training``: one shim run from config to run directory.
 
-Checks the whole config before anything trains, refuses to overwrite a run directory, writes per-step
-metrics and atomic checkpoints as it goes, and keeps the run record (``run.json``: config, provenance,
-sessions, status, summary) true whether the run completes, fails or is resumed.
+Checks the whole config (and the memory it needs) before anything trains; takes an exclusive lock on the
+run directory and checks it can be written before the warm start; refuses to overwrite a run; writes
+per-step metrics and checksummed, atomic checkpoints as it goes; and keeps the run record (``run.json``:
+config, provenance, every session, events, status, summary) true whether the run completes, fails, is
+interrupted, killed or resumed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from .. import __version__
+from ..errors import ConfigError, ConfigIssue
 from ..runtime import Runtime
 from .config import RunConfig, host_context, prepare
 from .files import (
@@ -28,16 +32,23 @@ from .files import (
     CheckpointError,
     RunDirError,
     check_run_dir,
+    check_writable,
+    io_error,
     load_checkpoint,
+    make_run_dir,
     metrics_line,
     read_metrics,
+    run_dir_lock,
     save_checkpoint,
     write_json,
+    write_json_in_place,
     write_metrics,
 )
 from .progress import Progress
 from .summary import summarize
 from .trainer import ShimTrainer
+
+log = logging.getLogger("dataflex_bus")
 
 
 @dataclass
@@ -65,94 +76,240 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
     what :func:`~dataflex_bus.shim.config.prepare` returned: then it is not checked again);
     ``steps``/``seed`` override ``trainer.steps``/``trainer.seed``. With ``out=None`` nothing is written
     to disk. With ``out``, per-step metrics go to ``metrics.jsonl``, the run record to ``run.json`` and
-    checkpoints (atomic) to ``checkpoint.pt``; an existing run there is never overwritten unless
-    ``force``, and ``resume=True`` continues it. Everything is checked before the first step.
+    checkpoints (atomic, checksummed) to ``checkpoint.pt``; the directory is locked for the whole run
+    (a second run there is refused), an existing run is never overwritten unless ``force``, and
+    ``resume=True`` continues it. Everything is checked before the first step.
     """
     prepared = prepare(config, steps=steps, seed=seed)
     out_dir = Path(out) if out is not None else None
     if resume and out_dir is None:
         raise RunDirError("resume needs a run directory (out=...)")
-    if out_dir is not None and not resume:
-        check_run_dir(out_dir, force=force)
     resolved = prepared.resolved
-    runtime = Runtime(prepared.method, context=host_context(resolved))
+    # The shim is where plugins are tried: every hook's batch writes are checked (cheap at this size).
+    runtime = Runtime(prepared.method, context=host_context(resolved), check_writes=True)
+    if out_dir is None:
+        return _with_threads(resolved, lambda: _train(resolved, runtime, None, None, progress))
+    if resume and not out_dir.is_dir():
+        raise RunDirError(f"{out_dir}: no run to resume (no such directory)")
+    make_run_dir(out_dir)
+    with run_dir_lock(out_dir):
+        if not resume:
+            check_run_dir(out_dir, force=force)
+        check_writable(out_dir)
+        saved = _read_checkpoint(out_dir, resolved) if resume else None
+        return _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress))
+
+
+def _with_threads(resolved: Mapping[str, Any], body: Callable[[], RunResult]) -> RunResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(resolved["trainer"]["threads"])
     try:
-        return _train(resolved, runtime, out_dir, resume, progress)
+        return body()
     finally:
         torch.set_num_threads(threads)
 
 
-def _resume(trainer: ShimTrainer, out_dir: Path, record: dict[str, Any]) -> list[dict[str, float]]:
-    """Restore the checkpoint and the metrics up to it; returns the metrics history."""
-    trainer.load_state_dict(load_checkpoint(out_dir / CHECKPOINT), source=str(out_dir / CHECKPOINT))
-    history = read_metrics(out_dir / METRICS)[: trainer.step]
+def _read_checkpoint(out_dir: Path, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint to resume from, refused before any work if it is past the requested steps."""
+    state = load_checkpoint(out_dir / CHECKPOINT)
+    at, steps = state.get("step"), resolved["trainer"]["steps"]
+    if isinstance(at, int) and not isinstance(at, bool) and steps < at:
+        raise ConfigError(ConfigIssue("trainer.steps", f"{steps} is below the step of the checkpoint in {out_dir} "
+                                      f"({at}): a resume continues a run, it cannot shorten it; use --steps {at} or "
+                                      "more, or start over with --force"))
+    return state
+
+
+def _provenance(runtime: Runtime) -> dict[str, Any]:
+    """What produced a checkpoint: the plugin packs (``name==version``) and dataflex-bus itself."""
+    return {"plugins": runtime.record()["plugins"], "dataflex_bus": __version__}
+
+
+def _version_changes(before: Any, after: dict[str, Any]) -> list[str]:
+    if not isinstance(before, Mapping):
+        return []
+
+    def pins(p: Mapping[str, Any]) -> dict[str, str]:
+        out = {"dataflex-bus": str(p.get("dataflex_bus"))}
+        for pin in p.get("plugins") or []:
+            name, _, version = str(pin).partition("==")
+            out[name] = version
+        return out
+
+    old, new = pins(before), pins(after)
+    return [f"{name} {old.get(name, 'absent')} -> {new.get(name, 'absent')}"
+            for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+
+
+def _previous_record(out_dir: Path) -> dict[str, Any]:
+    """The run record a resume continues (empty, with a note, if it is missing or unreadable)."""
+    path = out_dir / RECORD
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"events": [{"event": "record_missing", "detail": f"{RECORD} was missing at resume"}]}
+    except (OSError, ValueError) as exc:
+        return {"events": [{"event": "record_unreadable", "detail": f"{RECORD} could not be read at resume "
+                            f"({exc}); the sessions before this one are not listed"}]}
+    return record if isinstance(record, dict) else {}
+
+
+def _resume(trainer: ShimTrainer, out_dir: Path, state: dict[str, Any], record: dict[str, Any],
+            provenance: dict[str, Any]) -> list[dict[str, float]]:
+    """Restore the checkpoint, the metrics up to it and the run history; returns the metrics history."""
+    trainer.load_state_dict(state, source=str(out_dir / CHECKPOINT))
+    history = read_metrics(out_dir / METRICS, limit=trainer.step)
     if len(history) != trainer.step:
         raise CheckpointError(f"{out_dir / METRICS} holds {len(history)} steps but the checkpoint is at "
                               f"step {trainer.step}")
-    previous = out_dir / RECORD
-    if previous.exists():
-        try:
-            record["sessions"] = json.loads(previous.read_text()).get("sessions", [])
-        except (OSError, ValueError):
-            record["sessions"] = []
+    previous = _previous_record(out_dir)
+    sessions = [s for s in previous.get("sessions") or [] if isinstance(s, dict)]
+    events = [e for e in previous.get("events") or [] if isinstance(e, dict)]
+    for i, s in enumerate(sessions):
+        # Nobody else holds the lock, so a session still "running" is one whose process died.
+        if s.get("status", "running") == "running":
+            s["status"] = "interrupted"
+            s.setdefault("error", "the process ended without closing the run (killed?)")
+            if i == len(sessions) - 1:  # it may have saved a checkpoint after its last record update
+                s["end_step"] = s["checkpoint_step"] = trainer.step
+    if previous.get("status") == "running":
+        events.append({"event": "interrupted", "step": trainer.step, "time": time.time(),
+                       "detail": "the previous session ended without closing the run; resumed from the last "
+                                 "checkpoint, the steps after it are redone"})
+    changes = _version_changes(state.get("provenance"), provenance)
+    if changes:
+        log.warning("dataflex: resuming %s with different package versions than the checkpoint was written "
+                    "with: %s", out_dir, "; ".join(changes))
+        events.append({"event": "versions_changed", "step": trainer.step, "time": time.time(), "changes": changes,
+                       "before": state.get("provenance"), "after": provenance})
+    events.append({"event": "resumed", "step": trainer.step, "time": time.time()})
+    record["sessions"], record["events"] = sessions, events
     # Drop metrics of steps after the checkpoint (a crash between saves): they are redone.
     write_metrics(out_dir / METRICS, history)
     return history
 
 
-def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, resume: bool,
+class _RecordWriter:
+    """Writes ``run.json``; when the directory stops taking new files (read-only mid-run) it rewrites the
+    file in place, so a failed run is still marked failed."""
+
+    def __init__(self, out_dir: Path | None) -> None:
+        self.path = None if out_dir is None else out_dir / RECORD
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        try:
+            write_json(self.path, record)
+        except RunDirError:
+            if not self.path.exists():
+                raise
+            write_json_in_place(self.path, record)
+
+
+def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, saved: dict[str, Any] | None,
            progress: bool) -> RunResult:
     t = resolved["trainer"]
+    provenance = _provenance(runtime)
     # A resumed run takes its weights from the checkpoint: no warm start to redo.
-    trainer = ShimTrainer(resolved, runtime, warm_start=not resume)
+    trainer = ShimTrainer(resolved, runtime, warm_start=saved is None)
     history: list[dict[str, float]] = []
     record: dict[str, Any] = {
         "config": resolved, "seed": t["seed"], "steps": t["steps"], "domains": trainer.domains,
         "split": trainer.split.record(), "dataflex": runtime.record(), "machine": machine_info(), "sessions": [],
+        "events": [],
         "status": "running",
     }
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
-            history = _resume(trainer, out_dir, record)
-        write_json(out_dir / RECORD, record)
+    writer = _RecordWriter(out_dir)
+    if out_dir is not None and saved is not None:
+        history = _resume(trainer, out_dir, saved, record, provenance)
+    session: dict[str, Any] = {"pid": os.getpid(), "start_step": trainer.step, "end_step": trainer.step,
+                               "started": time.time(), "status": "running", **provenance}
+    record["sessions"].append(session)
+    writer.write(record)
 
     show = Progress(t["steps"], trainer.step) if progress else None
-    session = {"start_step": trainer.step, "started": time.time()}
     started = time.perf_counter()
-    metrics_fh = open(out_dir / METRICS, "a") if out_dir is not None else None
+    metrics_fh = _open_metrics(out_dir)
     try:
         while trainer.step < t["steps"]:
             m = trainer.train_step()
             history.append(m)
             if metrics_fh is not None and out_dir is not None:
-                metrics_fh.write(metrics_line(m))
-                metrics_fh.flush()
+                _append(metrics_fh, out_dir / METRICS, m)
                 every = t["save_every"]
                 if (every and trainer.step % every == 0) or trainer.step == t["steps"]:
-                    save_checkpoint(trainer.state_dict(), out_dir)
+                    save_checkpoint({**trainer.state_dict(), "provenance": provenance}, out_dir)
+                    session["end_step"] = session["checkpoint_step"] = trainer.step
+                    _close_session(session, record, trainer, history, runtime, started, "running")
+                    writer.write(record)
             if show is not None:
                 show.update(trainer.step, m)
+    except KeyboardInterrupt as exc:
+        record["status"] = "interrupted"
+        record["error"] = f"interrupted at step {trainer.step}" + (f": {exc}" if str(exc) else "")
+        raise
     except BaseException as exc:
         record["status"] = "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
         raise
     else:
         record["status"] = "complete"
+        record.pop("error", None)
     finally:
         if metrics_fh is not None:
-            metrics_fh.close()
+            try:
+                metrics_fh.close()
+            except OSError:
+                pass  # the failed write was already reported
         if show is not None:
             show.close()
-        wall = time.perf_counter() - started
-        session.update(end_step=trainer.step, wall_s=round(wall, 3))
-        record["sessions"].append(session)
-        record["wall_s"] = round(sum(s.get("wall_s", 0.0) for s in record["sessions"]), 3)
-        record["summary"] = summarize(history, trainer.domains)
-        record["counters"] = {"skipped_updates": trainer.skipped_updates, "steps_done": trainer.step,
-                              **trainer.compute}
-        if out_dir is not None:
-            write_json(out_dir / RECORD, record)
+        if record.get("error"):
+            session["error"] = record["error"]
+        _close_session(session, record, trainer, history, runtime, started, record["status"])
+        _final_write(writer, record)
     return RunResult(metrics=history, record=record, out=out_dir, summary=record["summary"])
+
+
+def _close_session(session: dict[str, Any], record: dict[str, Any], trainer: ShimTrainer,
+                   history: list[dict[str, float]], runtime: Runtime, started: float, status: str) -> None:
+    """Bring the session and the record's totals up to date (at every checkpoint and at the end)."""
+    session.update(status=status, wall_s=round(time.perf_counter() - started, 3))
+    if status != "running":
+        session["end_step"] = trainer.step
+    record["wall_s"] = round(sum(s.get("wall_s", 0.0) or 0.0 for s in record["sessions"]), 3)
+    record["summary"] = summarize(history, trainer.domains)
+    record["counters"] = {"skipped_updates": trainer.skipped_updates, "steps_done": trainer.step,
+                          **trainer.compute}
+    session["observer_failures"] = runtime.observer_failures
+    record["observer_failures"] = [{**failure, "session": i} for i, s in enumerate(record["sessions"])
+                                   for failure in s.get("observer_failures") or []]
+
+
+def _final_write(writer: _RecordWriter, record: dict[str, Any]) -> None:
+    """Write the closing record. When a run is already failing, a record that cannot be written is
+    logged (the run's own error goes on); a completed run whose record cannot be written fails."""
+    failing = record["status"] != "complete"
+    try:
+        writer.write(record)
+    except RunDirError as exc:
+        if not failing:
+            raise
+        log.error("dataflex: could not mark the run %s in %s: %s", record["status"], writer.path, exc)
+
+
+def _open_metrics(out_dir: Path | None) -> IO[str] | None:
+    if out_dir is None:
+        return None
+    try:
+        return open(out_dir / METRICS, "a")
+    except OSError as exc:
+        raise io_error(out_dir / METRICS, exc, "open for writing") from exc
+
+
+def _append(fh: IO[str], path: Path, metrics: dict[str, float]) -> None:
+    try:
+        fh.write(metrics_line(metrics))
+        fh.flush()
+    except OSError as exc:
+        raise io_error(path, exc, f"append step {int(metrics.get('step', -1))}") from exc

@@ -386,6 +386,11 @@ class ShimTrainer:
             raise CheckpointError(f"{source} was written by a different config; refusing to resume:\n"
                                   + "\n".join(f"  - {m}" for m in mismatch)
                                   + "\nstart a fresh run (--force) or resume with the original config")
+        for entry, kind in _ENTRIES.items():
+            value = state.get(entry)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise CheckpointError(f"{source}: entry {entry!r} holds {type(value).__name__} {_short(value)}, not "
+                                      f"{_KIND_NAMES[kind]}; the checkpoint is damaged, start a fresh run (--force)")
         try:
             self.policy.load_state_dict(state["policy"])
             if self.reference is not None:
@@ -398,13 +403,25 @@ class ShimTrainer:
             self.skipped_updates = int(counters["skipped_updates"])
             self.compute = {k: int(counters[k]) for k in COUNTERS}
             self.step = int(state["step"])
-        except (KeyError, TypeError, RuntimeError, ValueError) as exc:
+        except (KeyError, TypeError, RuntimeError, ValueError, AttributeError, IndexError) as exc:
             raise CheckpointError(f"{source} is damaged ({type(exc).__name__}: {exc}); start a fresh "
                                   "run (--force)") from exc
         try:
             self.runtime.load_state_dict(state["runtime"])
         except ConfigError as exc:
             raise CheckpointError(f"{source}: the dataflex state does not fit this config: {exc}") from exc
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{source}: cannot restore the plugins' state ({type(exc).__name__}: "
-                                  f"{exc})") from exc
+        except Exception as exc:  # a plugin's load_state_dict meeting a state it cannot take
+            raise CheckpointError(f"{source}: entry 'runtime': cannot restore the plugins' state "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+
+#: Entries of a checkpoint and their types, checked before anything is restored (so a damaged one is
+#: named, not met as an AttributeError deep in a plugin).
+_ENTRIES: dict[str, type] = {"step": int, "policy": Mapping, "optimizer": Mapping, "rng": Mapping,
+                             "sampler": Mapping, "counters": Mapping, "runtime": Mapping}
+_KIND_NAMES = {int: "an integer", Mapping: "a mapping"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

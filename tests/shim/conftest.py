@@ -47,3 +47,37 @@ def recorder(monkeypatch):
 
     monkeypatch.setattr(run, "Runtime", Recording)
     return rec
+
+
+@pytest.fixture
+def observers(monkeypatch):
+    """``name -> observer`` added to the bus of every Runtime the shim builds in this test."""
+    from dataflex_bus.runtime import Runtime
+    from dataflex_bus.shim import run
+
+    added: dict[str, object] = {}
+
+    class Observed(Runtime):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for name, observer in added.items():
+                self.bus.add_observer(observer, name)
+
+    monkeypatch.setattr(run, "Runtime", Observed)
+    return added
+
+
+@pytest.fixture
+def local():
+    """``local(kind, name, cls)`` registers an in-process component for one test."""
+    from dataflex_bus.registry import register_local, unregister_local
+
+    added = []
+
+    def add(kind, name, cls):
+        register_local(kind, name, cls)
+        added.append((kind, name))
+
+    yield add
+    for kind, name in added:
+        unregister_local(kind, name)

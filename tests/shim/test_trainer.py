@@ -8,6 +8,7 @@ import torch
 
 from dataflex_bus.errors import ConfigError, PluginRuntimeError
 from dataflex_bus.shim import CheckpointError, RunDirError, run_training
+from dataflex_bus.shim.files import load_checkpoint, save_checkpoint
 from dataflex_bus.shim.tasks import PAD
 
 from .conftest import tiny, without_times
@@ -191,7 +192,7 @@ def test_resume_redoes_steps_after_the_last_checkpoint(tmp_path):
     full = without_times(run_training(cfg, steps=4, out=tmp_path / "full").metrics)
     run_training(cfg, steps=3, out=tmp_path / "crash")  # checkpoints at 2 and 3 (the end)
     ckpt = tmp_path / "crash" / "checkpoint.pt"
-    state = torch.load(ckpt, weights_only=False)
+    state = load_checkpoint(ckpt)
     assert state["step"] == 3
     # pretend the run died after step 3 was logged but before any save past step 2
     run_training(cfg, steps=2, out=tmp_path / "two")
@@ -230,7 +231,7 @@ def test_corrupt_or_missing_checkpoint_is_refused(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
         run_training(tiny(), steps=2, out=tmp_path, resume=True)
-    torch.save({"format": "something else"}, tmp_path / "checkpoint.pt")
+    save_checkpoint({"format": "something else"}, tmp_path)
     with pytest.raises(CheckpointError, match="not a dataflex shim checkpoint"):
         run_training(tiny(), steps=2, out=tmp_path, resume=True)
 
@@ -240,7 +241,7 @@ def test_plugin_failure_names_the_plugin_and_keeps_the_checkpoint(tmp_path, shim
     with pytest.raises(PluginRuntimeError, match="t_fail_at") as info:
         run_training(cfg, steps=4, out=tmp_path)
     assert "boom at step 2" in str(info.value)
-    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert state["step"] == 2
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["status"] == "failed" and "t_fail_at" in record["error"]

@@ -1,0 +1,233 @@
+"""Every user error of the fault catalogue through the `dataflex` command line: exit code 2 (130 for an
+interrupt), one error line naming the culprit, never a traceback; the real executable for the faults that
+need two processes or a signal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dataflex_bus.cli import main
+from dataflex_bus.shim.files import load_checkpoint, save_checkpoint
+
+from . import faults
+from .conftest import tiny
+
+
+def write(path: Path, config) -> str:
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return write(tmp_path / "tiny.yaml", tiny())
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    rc = main(["run", *args, "--no-progress"])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "Traceback" not in out.out
+    return rc, out.out, out.err
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("dataflex run: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_out_is_a_file_or_under_a_file(cfg, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, _, err = run(capsys, cfg, "--out", str(afile))
+    assert rc == 2 and "exists and is not a directory" in error_line(err)
+    rc, _, err = run(capsys, cfg, "--out", str(afile / "run"))
+    assert rc == 2 and f"{afile} is a file" in error_line(err)
+
+
+def test_read_only_out(cfg, tmp_path, capsys):
+    out = tmp_path / "ro"
+    out.mkdir()
+    with faults.read_only(out):
+        rc, _, err = run(capsys, cfg, "--out", str(out))
+    assert rc == 2 and str(out) in error_line(err)
+    assert not (out / "run.json").exists()
+
+
+def test_absurd_group_size(cfg, tmp_path, capsys):
+    rc, _, err = run(capsys, cfg, "--out", str(tmp_path / "o"), "trainer.group_size=100000000000")
+    assert rc == 2 and "trainer.group_size: 100000000000 makes the run need about" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_locked_out(cfg, tmp_path, capsys):
+    out = tmp_path / "o"
+    with faults.lock_holder(out) as pid:
+        rc, _, err = run(capsys, cfg, "--out", str(out))
+        assert rc == 2 and f"in use by another dataflex run (pid {pid}" in error_line(err)
+        rc, _, err = run(capsys, cfg, "--out", str(out), "--resume")
+        assert rc == 2 and f"pid {pid}" in error_line(err)
+
+
+@pytest.fixture
+def done(cfg, tmp_path, capsys):
+    out = tmp_path / "done"
+    assert run(capsys, cfg, "--out", str(out), "--steps", "4")[0] == 0
+    return out
+
+
+def test_resume_with_fewer_steps(cfg, done, capsys):
+    rc, _, err = run(capsys, cfg, "--out", str(done), "--steps", "2", "--resume")
+    assert rc == 2 and "trainer.steps: 2 is below the step of the checkpoint" in err
+
+
+def test_resume_reports_the_steps_the_record_holds(cfg, done, capsys):
+    rc, out, _ = run(capsys, cfg, "--out", str(done), "--steps", "6", "--resume")
+    record = json.loads((done / "run.json").read_text())
+    assert rc == 0 and out.startswith("done: 6 steps") and record["steps"] == 6
+    assert record["counters"]["steps_done"] == 6
+
+
+def test_damaged_metrics_line(cfg, done, capsys):
+    path = done / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1][:30]
+    path.write_text("\n".join(lines) + "\n")
+    rc, _, err = run(capsys, cfg, "--out", str(done), "--steps", "6", "--resume")
+    assert rc == 2 and f"{path}: line 2 is not valid JSON" in error_line(err)
+
+
+def test_flipped_byte_and_wrong_type_in_the_checkpoint(cfg, done, capsys):
+    path = done / "checkpoint.pt"
+    state = load_checkpoint(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    rc, _, err = run(capsys, cfg, "--out", str(done), "--steps", "6", "--resume")
+    assert rc == 2 and "checksum mismatch" in error_line(err)
+    state["runtime"] = ["not", "a", "mapping"]
+    save_checkpoint(state, done)
+    rc, _, err = run(capsys, cfg, "--out", str(done), "--steps", "6", "--resume")
+    assert rc == 2 and "entry 'runtime' holds list" in error_line(err)
+
+
+def test_domains_run_would_refuse_after_the_warm_start(tmp_path, capsys):
+    config = tiny({"mechanism": "mix", "scorer": {"name": "advantage_magnitude"}, "actuator": {"name": "dump_ucb"},
+                   "domains": ["copy", "poetry"]})
+    rc, _, err = run(capsys, write(tmp_path / "mix.yaml", config), "--out", str(tmp_path / "o"))
+    assert rc == 2 and "dataflex.domains: domains ['poetry'] are not in data.domains" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_plugin_exit_and_interrupt(tmp_path, capsys, local):
+    import torch
+
+    from dataflex_bus import Selection, Selector
+
+    class Quits(Selector):
+        def select(self, batch, score, step_id):
+            if step_id == 1:
+                sys.exit(0)
+            return Selection(torch.ones(len(batch), dtype=torch.bool))
+
+    class CtrlC(Selector):
+        def select(self, batch, score, step_id):
+            if step_id == 1:
+                raise KeyboardInterrupt
+            return Selection(torch.ones(len(batch), dtype=torch.bool))
+
+    local("selector", "t_quits", Quits)
+    local("selector", "t_ctrl_c", CtrlC)
+    block = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "t_quits"}}
+    config = write(tmp_path / "q.yaml", tiny(block))
+    rc, _, err = run(capsys, config, "--out", str(tmp_path / "q"))
+    assert rc == 2 and "plugin 'local:t_quits' failed in hook 'on_advantage': SystemExit: 0" in error_line(err)
+    assert "last checkpoint" in err
+    rc, _, err = run(capsys, config, "--out", str(tmp_path / "c"), "dataflex.actuator.name=t_ctrl_c")
+    assert rc == 130 and "interrupted (interrupted in plugin 'local:t_ctrl_c'" in err
+    assert json.loads((tmp_path / "c" / "run.json").read_text())["status"] == "interrupted"
+
+
+# ---------------------------------------------------------------------------- the real executable
+def dataflex(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dataflex_bus.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.integration
+def test_two_processes_on_one_out_then_sigterm_then_resume(tmp_path):
+    config = write(tmp_path / "tiny.yaml", tiny(trainer={"save_every": 1}))
+    out = tmp_path / "o"
+    env = faults.env()
+    first = dataflex("run", config, "--out", str(out), "--steps", "100000", "--no-progress", env=env)
+    try:
+        faults.wait_for_checkpoint(out, first, at_least=2)
+        second = dataflex("run", config, "--out", str(out), "--steps", "3", "--seed", "1", "--no-progress", env=env)
+        _, err = second.communicate(timeout=300)
+        assert second.returncode == 2 and "Traceback" not in err
+        assert f"in use by another dataflex run (pid {first.pid}" in err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 130 and "interrupted (terminated (SIGTERM))" in err and "Traceback" not in err
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "interrupted" and record["seed"] == 0
+    assert [s["pid"] for s in record["sessions"]] == [first.pid]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [float(i) for i in range(len(steps))]  # one run's steps, in order, none twice
+    at = load_checkpoint(out / "checkpoint.pt")["step"]
+    resumed = dataflex("run", config, "--out", str(out), "--steps", str(at + 1), "--resume", "--no-progress", env=env)
+    stdout, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert stdout.startswith(f"done: {at + 1} steps")
+    record = json.loads((out / "run.json").read_text())
+    assert [s["status"] for s in record["sessions"]] == ["interrupted", "complete"]
+
+
+@pytest.mark.integration
+def test_installed_pack_calling_sys_exit_fails_the_command(tmp_path):
+    from foundation.fakedist import make_dist
+
+    make_dist(tmp_path / "site", "dataflex-quitter", "0.1.0", {
+        "quitter_pack.plugin": """
+from dataflex_bus import hookimpl
+
+@hookimpl
+def dataflex_register(register):
+    register("selector", "quits", "quitter_pack.comps:Quits")
+""",
+        "quitter_pack.comps": """
+import sys
+import torch
+from dataflex_bus import Selection, Selector
+
+class Quits(Selector):
+    def select(self, batch, score, step_id):
+        if step_id == 1:
+            sys.exit(0)
+        return Selection(torch.ones(len(batch), dtype=torch.bool))
+"""}, {"quitter": "quitter_pack.plugin"})
+    block = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "quits"}}
+    config = write(tmp_path / "q.yaml", tiny(block))
+    env = faults.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), env["PYTHONPATH"]])
+    proc = dataflex("run", config, "--out", str(tmp_path / "o"), "--no-progress", env=env)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert "plugin 'dataflex-quitter:quits' failed in hook 'on_advantage': SystemExit: 0" in err
+    record = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert record["status"] == "failed" and load_checkpoint(tmp_path / "o" / "checkpoint.pt")["step"] == 1
+
+
+def test_sigterm_handler_is_restored(cfg, tmp_path, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    assert run(capsys, cfg, "--out", str(tmp_path / "o"), "--steps", "1")[0] == 0
+    assert signal.getsignal(signal.SIGTERM) is before
