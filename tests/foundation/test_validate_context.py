@@ -60,9 +60,9 @@ SHIM = ("trainer: {steps: 3, group_size: 4, prompts_per_step: 4}\n"
 
 
 def test_shim_config_domains_run_would_refuse_are_refused(toys, tmp_path, capsys):
-    rc, _, err = validate(tmp_path, capsys, SHIM + "  domains: [copy, add, poetry]\n")
+    rc, _, err = validate(tmp_path, capsys, SHIM + "  domains: [copy, sort, poetry]\n")
     assert rc == 2 and "dataflex.domains: domains ['poetry'] are not in data.domains" in err
-    rc, out, _ = validate(tmp_path, capsys, SHIM + "  domains: [copy, add]\n")
+    rc, out, _ = validate(tmp_path, capsys, SHIM + "  domains: [copy, sort]\n")
     assert rc == 0 and "ok: mechanism=mix" in out
 
 
