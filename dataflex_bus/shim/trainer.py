@@ -19,6 +19,7 @@ seed, and a resumed run continues bit for bit.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -53,6 +54,10 @@ FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
 #: Generators of the base policy, seeded by ``model.seed``; the others by ``trainer.seed``.
 _BASE_GENERATORS = ("init", "pretrain")
+#: Warm-started base policies of this process (policy state, pretrain generator state), by the sections
+#: that determine them; a few at most (a compare of configs with different models).
+_BASES: dict[str, tuple[dict[str, Tensor], Tensor]] = {}
+_MAX_BASES = 4
 #: Cumulative compute counters, saved with every checkpoint. ``generated_rollouts = trained_rows +
 #: dropped_rows`` always; ``considered_prompts`` counts every candidate a prompt selection looked at.
 COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens", "considered_prompts",
@@ -111,8 +116,7 @@ class ShimTrainer:
         vocab = vocab_size(len(self.domains))
         self.policy = TinyPolicy(vocab, m["hidden"], m["layers"], self.gens["init"])
         if warm_start and m["pretrain_steps"]:
-            pretrain(self.policy, self.domains, self.split.draw, m["pretrain_steps"], self.gens["pretrain"],
-                     batch=m["pretrain_batch"])
+            self._warm_start(resolved)
         self.reference: TinyPolicy | None = None
         if t["kl_coef"] > 0:
             self.reference = TinyPolicy(vocab, m["hidden"], m["layers"], _generator(m["seed"], "init"))
@@ -127,6 +131,24 @@ class ShimTrainer:
             runtime.set_domains(self.domains)
         if runtime.needs_prompt_ids:
             runtime.set_prompts(prompt_table(self.split))
+
+    def _warm_start(self, resolved: Mapping[str, Any]) -> None:
+        """The supervised warm start, or the same base policy from an earlier run of this process: it is a
+        function of the model and data sections alone (``trainer.seed`` and the method vary the RL run),
+        as runs that start from one pretrained checkpoint share it. ``dataflex compare`` pays it once."""
+        m = resolved["model"]
+        key = json.dumps([m, resolved["data"], self.domains], sort_keys=True, default=str)
+        base = _BASES.get(key)
+        if base is None:
+            pretrain(self.policy, self.domains, self.split.draw, m["pretrain_steps"], self.gens["pretrain"],
+                     batch=m["pretrain_batch"])
+            base = _BASES[key] = ({k: v.clone() for k, v in self.policy.state_dict().items()},
+                                  self.gens["pretrain"].get_state())
+            while len(_BASES) > _MAX_BASES:
+                del _BASES[next(iter(_BASES))]
+        else:
+            self.policy.load_state_dict(base[0])
+            self.gens["pretrain"].set_state(base[1])  # as the warm start leaves it: checkpoints agree too
 
     # ------------------------------------------------------------------ sampling
     def domain_probabilities(self) -> Tensor:

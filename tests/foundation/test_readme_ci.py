@@ -12,10 +12,13 @@ def readme_commands():
 
 def test_readme_opens_with_run_and_test_commands():
     run, test = readme_commands()
-    assert "dataflex run examples/" in run and run.startswith("pip install torch==2.13.0")
+    # The main job is a comparison on the CPU shim: plain GRPO against a method, on the same seeds.
+    assert "dataflex compare examples/" in run and run.startswith("pip install torch==2.13.0")
     assert test.startswith("pip install torch==2.13.0") and test.endswith("pytest")
-    config = run.split("dataflex run ")[1].split()[0]
-    assert (ROOT / config).is_file(), f"README's main job uses a missing config {config}"
+    configs = [word for word in run.split("dataflex compare ")[1].split() if word.endswith(".yaml")]
+    assert "examples/grpo_baseline.yaml" in configs and len(configs) == 2
+    for config in configs:
+        assert (ROOT / config).is_file(), f"README's main job uses a missing config {config}"
 
 
 def test_ci_runs_the_exact_readme_test_command():

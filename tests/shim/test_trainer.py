@@ -272,3 +272,23 @@ def test_bad_config_fails_before_training(tmp_path, shim_components, config, key
 def test_unknown_key_message_lists_allowed_keys():
     with pytest.raises(ConfigError, match=r"trainer\.stepz: unknown key \(allowed: .*steps"):
         run_training({"trainer": {"stepz": 3}})
+
+
+def test_a_shared_base_policy_gives_the_run_a_fresh_warm_start_would(tmp_path):
+    from dataflex_bus.shim import trainer
+
+    cfg = tiny(trainer={"save_every": 1})
+    trainer._BASES.clear()
+    fresh = run_training(cfg, steps=2, seed=1, out=tmp_path / "fresh")
+    trainer._BASES.clear()
+    run_training(cfg, steps=1, seed=0)  # warms the base policy up once
+    assert len(trainer._BASES) == 1
+    shared = run_training(cfg, steps=2, seed=1, out=tmp_path / "shared")
+    assert without_times(shared.metrics) == without_times(fresh.metrics)
+    from dataflex_bus.shim.files import load_checkpoint
+
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt") for d in ("fresh", "shared"))
+    assert all(torch.equal(a["rng"][k], b["rng"][k]) for k in a["rng"])
+    # another model is another base policy
+    run_training(tiny(model={"hidden": 8}), steps=1)
+    assert len(trainer._BASES) == 2
