@@ -94,7 +94,8 @@ def test_examples_cover_every_seed_method():
     # The README's difficulty filter is the seed's block, run as online-filtering papers run it: refilled.
     block = load_config(EXAMPLES / "difficulty_filter.yaml")["dataflex"]
     refill = block.pop("refill")
-    assert block == {"mechanism": "select", "scorer": {"name": "group_solve_rate", "params": {"success_threshold": 0.5}},
+    assert block == {"mechanism": "select",
+                     "scorer": {"name": "group_solve_rate", "params": {"success_threshold": 0.5}},
                      "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}, "warmup_step": 0}
     assert refill["gen_batch_size"] > load_config(EXAMPLES / "difficulty_filter.yaml")["trainer"]["prompts_per_step"]
     # every example says what it is expected to show, and how to run it
