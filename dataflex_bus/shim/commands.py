@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(ConfigIssue("--force/--resume", "choose one: --force starts over, --resume continues"))
     prepared = prepare(load_config(args.config, args.overrides), steps=args.steps, seed=args.seed)
     if args.dry_run:
-        from ..cli import validation_report
+        from ..checkconfig import validation_report
 
         print("\n".join(validation_report(prepared.method)))
         return 0

@@ -1,0 +1,355 @@
+"""``dataflex plugins`` and ``dataflex info``: what is installed, shown to people.
+
+The plugin table (or stable JSON) with each plugin's status, components, warnings and errors; with
+``--check``, every component imported in a child process (:mod:`dataflex_bus.plugin_check`); and one
+component's card: parameters, timing, the events it can act at and an example block that validates.
+Listing imports no component module (and so no torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .components import KINDS
+
+
+def plugins_report() -> list[dict[str, Any]]:
+    """The ``dataflex plugins --json`` document: sorted by name, then distribution."""
+    from .discovery import get_plugins
+
+    return _sorted_report([r.as_json() for r in get_plugins().records])
+
+
+def _sorted_report(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(records, key=lambda r: (r["name"], r["distribution"] or ""))
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _plugin_rows(record: dict[str, Any]) -> list[list[str]]:
+    """One table row per component (or for the error), then one per warning; plugin columns only once."""
+    details: list[str] = []
+    if record["status"] == "active":
+        for c in record["components"]:
+            line = f"{c['name']} ({c['kind']})" + (f"  {c['summary']}" if c.get("summary") else "")
+            check = c.get("check")
+            if check not in (None, "ok"):
+                line += f"  CHECK FAILED: {check}"
+            details.append(line)
+    elif record["status"] == "disabled":
+        details.append(f"by {record['disabled_by']}" if record.get("disabled_by") else "")
+    else:
+        details.append(record["error"] or "")
+    details += [f"warning: {w}" for w in record.get("warnings") or []]
+    head = [record["name"], record["distribution"] or "-", record["version"] or "-", record["status"]]
+    rows = [[*head, details[0] if details else ""]]
+    rows += [["", "", "", "", d] for d in details[1:]]
+    return rows
+
+
+def _check_problems(report: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for r in report:
+        label = f"plugin {r['name']!r} ({r['distribution'] or '?'}=={r['version'] or '?'})"
+        if r["status"] == "failed":
+            problems.append(f"{label}: {r['error']}")
+        for c in r["components"]:
+            if c.get("check") not in (None, "ok"):
+                problems.append(f"{label}: {c['kind']} {c['name']!r} -> {c['target']!r}: {c['check']}")
+    return problems
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    if args.check:
+        from .plugin_check import check_plugins
+
+        report = _sorted_report(check_plugins(timeout=args.timeout))
+    else:
+        report = plugins_report()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        rows = [row for r in report for row in _plugin_rows(r)]
+        print(_table(rows, ["PLUGIN", "DISTRIBUTION", "VERSION", "STATUS", "COMPONENTS / ERROR"])
+              if rows else "no dataflex plugins installed")
+    if not args.check:
+        return 0
+    problems = _check_problems(report)
+    if not args.json:
+        components = sum(len(r["components"]) for r in report)
+        if problems:
+            print(f"\ncheck failed: {len(problems)} problem(s)")
+            print("\n".join(f"  - {p}" for p in problems))
+        else:
+            print(f"\ncheck ok: {len(report)} plugin(s), {components} component(s) import and declare valid "
+                  "attributes")
+    return 1 if problems else 0
+
+
+# ---------------------------------------------------------------------------- info
+def cmd_info(args: argparse.Namespace) -> int:
+    from .discovery import get_plugins
+    from .errors import UnknownComponentError
+    from .registry import SLOT
+
+    registry = get_plugins().registry()
+    kind = args.kind
+    slots = ["scorer", "actuator"] if kind is None else [SLOT.get(kind, kind)]
+    specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
+    if not specs:
+        import difflib
+
+        bare = args.name.rpartition(":")[2]
+        kinds = [kind] if kind in KINDS else None
+        known = sorted({n for slot in slots for n in registry.names(slot, kinds)})
+        close = difflib.get_close_matches(bare, known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        what = kind or "component"
+        other = ""
+        if kind is not None and registry.find(args.name):
+            found = sorted({s.kind for s in registry.find(args.name)})
+            other = f" (there is {_article(found[0])} {' and '.join(found)} of that name: drop --kind)"
+        raise UnknownComponentError(
+            f"unknown {what} {bare!r}{hint}{other} (installed: {', '.join(known) or 'none'})"
+            f"{registry.disabled_hint(slots[0], bare) if len(slots) == 1 else _disabled_hint_any(registry, bare)}")
+    entries = [component_info(spec, registry) for spec in specs]
+    if args.json:
+        print(json.dumps(entries, indent=2, sort_keys=True, default=str))
+        return 0
+    if len(entries) > 1:
+        names = ", ".join(f"{e['kind']} {e['qualified_name']}" for e in entries)
+        print(f"{args.name!r} names {len(entries)} components: {names}; pass --kind (or distribution:name) "
+              "to show one\n")
+    print("\n\n".join(_info_text(e) for e in entries))
+    return 0
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _disabled_hint_any(registry: Any, bare: str) -> str:
+    return registry.disabled_hint("scorer", bare) or registry.disabled_hint("actuator", bare)
+
+
+def component_info(spec: Any, registry: Any) -> dict[str, Any]:
+    """Everything ``dataflex info`` shows about one registered component (imports its class)."""
+    import inspect
+
+    from .components import MECHANISM_KIND
+    from .registry import SLOT
+
+    cls = spec.load()
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    params = []
+    for name, p in cls.params.items():
+        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        params.append({
+            "name": name, "type": " or ".join("None" if t is type(None) else t.__name__ for t in types),
+            "required": p.required, "default": None if p.required else _plain(p.default),
+            "allowed": p.describe(), "low": p.low, "high": p.high,
+            "choices": None if p.choices is None else list(p.choices), "doc": p.doc,
+        })
+    info: dict[str, Any] = {
+        "name": spec.name, "kind": spec.kind, "slot": SLOT[spec.kind], "qualified_name": spec.qualified_name,
+        "plugin": spec.plugin, "provider": spec.pin, "target": spec.target_text,
+        "summary": spec.summary or (doc.splitlines()[0] if doc else ""), "doc": doc,
+        "parameters": params, "requires": list(cls.requires), "needs_groups": bool(cls.needs_groups),
+    }
+    if spec.kind == "scorer":
+        info.update(timing=cls.timing, granularity=cls.granularity)
+    else:
+        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        info.update(mechanism=mechanism, min_timing=cls.min_timing, accepts=list(cls.accepts))
+    info["events"] = _events(spec.kind, cls)
+    block, valid = _example_block(spec, cls, registry)
+    info["example"] = _yaml_block(block, cls, SLOT[spec.kind])
+    info["example_validated"] = valid
+    return info
+
+
+def _plain(value: Any) -> Any:
+    """A parameter default as JSON/YAML can write it."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _events(kind: str, cls: Any) -> dict[str, str]:
+    """The bus events the component can act at, each with the condition (empty when none)."""
+    from .components import TIMINGS
+    from .hookspecs import EVENTS
+
+    if kind == "scorer":
+        if cls.timing == "pre_rollout":
+            return {"on_prompts": "with a selector, before generation"}
+        first = EVENTS.index(TIMINGS[cls.timing])
+        out = {e: "" for e in EVENTS[first:]}
+        if "on_rollout" in out:
+            out["on_rollout"] = "with a selector that keeps whole groups for these scores"
+        if "on_step_end" in out:
+            out["on_step_end"] = "mix only"
+        return out
+    if kind == "reweighter":
+        return {"on_advantage": ""}
+    if kind == "mixer":
+        return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
+    from .validation import EVENT_FIELDS
+
+    def readable(event: str) -> bool:
+        return set(cls.requires) <= EVENT_FIELDS[event]
+
+    out = {}
+    if cls.min_timing == "pre_rollout" and readable("on_prompts"):
+        out["on_prompts"] = "fed a pre_rollout score (before generation)"
+    if cls.min_timing in ("pre_rollout", "post_reward") and readable("on_rollout"):
+        whole = [g for g in cls.accepts if cls.keeps_whole_groups(g)]
+        if whole:
+            out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
+    if readable("on_advantage"):
+        out["on_advantage"] = ""
+    return out
+
+
+def _example_params(cls: Any) -> dict[str, Any]:
+    """Every parameter at its default; a required one gets a value its declaration allows."""
+    out = {}
+    for name, p in cls.params.items():
+        if not p.required:
+            out[name] = _plain(p.default)
+            continue
+        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        if p.choices:
+            value: Any = p.choices[0]
+        elif bool in types:
+            value = False
+        elif float in types or int in types:
+            lo = p.low if p.low is not None else (p.high - 1 if p.high is not None else 0)
+            hi = p.high if p.high is not None else lo + 1
+            value = (lo + hi) / 2 if float in types else int(lo) + (1 if p.low_open or p.low is None else 0)
+        elif dict in types:
+            value = {}
+        elif list in types or tuple in types:
+            value = []
+        else:
+            value = "value"
+        out[name] = _plain(value)
+    return out
+
+
+def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], bool]:
+    """A ``dataflex`` block using the component with a fitting partner that passes validation."""
+    from .components import MECHANISM_KIND
+    from .errors import DataflexError
+    from .pipeline import validate
+    from .registry import SLOT
+
+    def ref(s: Any, c: Any) -> dict[str, Any]:
+        ambiguous = len(registry.find(s.name, [SLOT[s.kind]])) > 1
+        return {"name": s.qualified_name if ambiguous else s.name, "params": _example_params(c)}
+
+    mechanisms = list(MECHANISM_KIND)
+    if spec.kind == "scorer":
+        options = [(m, a) for m in mechanisms for a in registry.specs if a.kind == MECHANISM_KIND[m]]
+    else:
+        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        options = [(mechanism, s) for s in registry.specs if s.kind == "scorer"]
+    loaded = []
+    for mechanism, partner in options:
+        try:
+            loaded.append((mechanism, partner, partner.load()))
+        except DataflexError:
+            continue
+
+    def preference(option: tuple[str, Any, Any]) -> tuple[int, bool, int, str]:
+        # The pack's own partners first, then the pairing the actuator lists first in `accepts`.
+        mechanism, partner, p_cls = option
+        scorer_cls, actuator_cls = (cls, p_cls) if spec.kind == "scorer" else (p_cls, cls)
+        accepts = list(actuator_cls.accepts)
+        fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
+        return mechanisms.index(mechanism), partner.provider != spec.provider, fit, partner.name
+
+    def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
+        pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
+        return {"mechanism": mechanism, **pair}
+
+    own = ref(spec, cls)
+    ranked = sorted(loaded, key=preference)
+    for mechanism, partner, p_cls in ranked:
+        block = make(mechanism, ref(partner, p_cls))
+        try:
+            validate(block, registry)
+        except DataflexError:
+            continue
+        return block, True
+    if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
+        mechanism, partner, p_cls = ranked[0]
+        return make(mechanism, ref(partner, p_cls)), False
+    mechanism = "select" if spec.kind == "scorer" else next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+    return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
+
+
+def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
+    """The block as YAML; the component's own required parameters are marked (JSON scalars are YAML)."""
+    lines = ["dataflex:", f"  mechanism: {block['mechanism']}"]
+    for name in ("scorer", "actuator"):
+        ref = block[name]
+        lines.append(f"  {name}:")
+        lines.append(f"    name: {json.dumps(ref['name']) if ref['name'].startswith('<') else ref['name']}")
+        if not ref["params"]:
+            continue
+        lines.append("    params:")
+        for key, value in ref["params"].items():
+            note = ""
+            if name == slot and cls.params[key].required:
+                note = f"  # required: {cls.params[key].describe()}"
+            lines.append(f"      {key}: {json.dumps(value)}{note}")
+    return "\n".join(lines)
+
+
+def _info_text(e: dict[str, Any]) -> str:
+    lines = [f"{e['name']} ({e['kind']}) from {e['provider']}, plugin {e['plugin']!r}"]
+    if e["summary"]:
+        lines.append(f"  {e['summary']}")
+    lines.append(f"  target:       {e['target']}")
+    lines.append(f"  qualified:    {e['qualified_name']}  (the config name when another pack has the same one)")
+    if e["kind"] == "scorer":
+        lines.append(f"  timing:       {e['timing']}")
+        lines.append(f"  granularity:  {e['granularity']}")
+    else:
+        lines.append(f"  mechanism:    {e['mechanism']}")
+        lines.append(f"  min_timing:   {e['min_timing']}")
+        lines.append(f"  accepts:      {', '.join(e['accepts'])}")
+    lines.append(f"  requires:     {', '.join(e['requires']) or '-'}")
+    lines.append(f"  needs_groups: {'yes' if e['needs_groups'] else 'no'}")
+    events = ", ".join(f"{ev} ({cond})" if cond else ev for ev, cond in e["events"].items())
+    lines.append(f"  events:       {events}")
+    if e["parameters"]:
+        lines.append("  parameters:")
+        for p in e["parameters"]:
+            default = "required" if p["required"] else f"default {p['default']!r}"
+            lines.append(f"    {p['name']}: {p['allowed']}, {default}" + (f"  ({p['doc']})" if p["doc"] else ""))
+    else:
+        lines.append("  parameters:   none")
+    note = "" if e["example_validated"] else "  # not checked valid: set the required values (and any <...> name)"
+    lines.append(f"  example:{note}")
+    lines += [f"    {line}" for line in e["example"].splitlines()]
+    body = e["doc"].strip()
+    if body:
+        lines.append("")
+        lines += [f"  {line}".rstrip() for line in body.splitlines()]
+    return "\n".join(lines)
+
+
