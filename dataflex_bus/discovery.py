@@ -208,10 +208,11 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
             known = ", ".join(sorted(hookspecs.documented_hooks()))
             raise PluginLoadError(f"implements unknown hook(s) {', '.join(unknown)} (known hooks: {known})")
         register = Register(ep.name, dist_name, version)
-        impls = [i for i in pm.hook.dataflex_register.get_hookimpls() if i.plugin is module]
+        # Through pluggy's own caller (its argument subsetting, wrappers and result handling), restricted
+        # to this plugin so the components it registers are attributed to it.
+        others = [p for p in pm.get_plugins() if p is not module]
         try:
-            for impl in impls:
-                impl.function(register=register)
+            pm.subset_hook_caller("dataflex_register", remove_plugins=others)(register=register)
         except Exception:
             pm.unregister(module)
             raise

@@ -256,3 +256,37 @@ def on_rollout(batch):
         assert "observer 'boom' failed in on_rollout" in caplog.text
     finally:
         forget_modules("watch_pack", "boom_pack", "exit_pack")
+
+
+def test_registration_goes_through_pluggy_per_plugin(tmp_path, monkeypatch):
+    """dataflex_register is called through pluggy (argument subsetting, hook wrappers), once per plugin,
+    and what a plugin registers is attributed to that plugin alone."""
+    make_dist(tmp_path, "dataflex-two-parts", "1.0.0", {
+        "two_parts.a": _register_module("part_a", "two_parts.a:X"),
+        "two_parts.b": '''
+from dataflex_bus import hookimpl
+CALLS = []
+
+@hookimpl(hookwrapper=True)
+def dataflex_register():
+    # A wrapper taking none of the spec's arguments: only pluggy's own caller can call it so.
+    CALLS.append("before")
+    yield
+    CALLS.append("after")
+''',
+    }, {"a": "two_parts.a", "b": "two_parts.b"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DATAFLEX_STRICT_PLUGINS", "1")
+    monkeypatch.setenv("DATAFLEX_LOAD_PLUGINS", "dataflex-two-parts")
+    forget_modules("two_parts")
+    try:
+        records = _by_name(discover())
+        assert records["a"].status == records["b"].status == ACTIVE
+        assert [c.name for c in records["a"].components] == ["part_a"] and records["b"].components == []
+        import two_parts.b
+
+        # b's wrapper ran around its own registration only, never around a's
+        assert two_parts.b.CALLS == ["before", "after"]
+    finally:
+        forget_modules("two_parts")
+        reset_plugins()
