@@ -80,3 +80,24 @@ def test_reweight_refused_when_verl_ignores_the_weights(data, tmp_path, verl_com
         build(data, tmp_path, [*reweight, "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"])
     _, trainer = build(data, tmp_path, [*reweight, "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"])
     assert trainer.dataflex.mechanisms == {"reweight"}  # geo_mean: warned, not refused
+
+
+STACK_OVERRIDE = ("+dataflex.methods=[{name: filter, mechanism: select, scorer: {name: reward_difficulty}, "
+                  "actuator: {name: dapo}}, {name: curriculum, mechanism: mix, scorer: {name: advantage_magnitude}, "
+                  "actuator: {name: dump_ucb}}, {name: ar, mechanism: reweight, scorer: {name: token_prob}, "
+                  "actuator: {name: advantage_reweight}}]")
+
+
+def test_a_method_stack_is_one_hydra_override(data, tmp_path):
+    cfg, trainer = build(data, tmp_path, [STACK_OVERRIDE, "+dataflex.domain_key=data_source"])
+    assert [m["name"] for m in cfg.dataflex.methods] == ["filter", "curriculum", "ar"]
+    assert trainer.dataflex.describe() == [
+        "filter: reward_difficulty+dapo @ on_rollout", "curriculum: advantage_magnitude+dump_ucb @ on_step_end",
+        "ar: token_prob+advantage_reweight @ on_advantage"]
+    assert trainer.dataflex.mechanisms == {"select", "mix", "reweight"} and trainer.dataflex.mixes
+    # a mistake inside one method is reported under its list key, before any worker starts
+    from dataflex_bus.errors import ConfigError
+
+    bad = STACK_OVERRIDE.replace("{name: dapo}", "{name: dapoo}")
+    with pytest.raises(ConfigError, match=r"dataflex\.methods\[0\]\.actuator\.name.*did you mean 'dapo'"):
+        build(data, tmp_path, [bad])
