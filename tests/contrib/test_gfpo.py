@@ -135,3 +135,15 @@ def test_through_the_pipeline_by_name(contrib_components):
     assert decision.metrics["dataflex/kept_rows"] == 8.0
     assert "dataflex/gfpo/kept_mean_length" in decision.metrics
     assert decision.metrics["dataflex/gfpo/kept_mean_length"] <= decision.metrics["dataflex/gfpo/all_mean_length"]
+
+
+def test_a_k_that_keeps_every_row_is_warned_before_training(contrib_components):
+    from dataflex_bus import validate
+
+    def block(k):
+        return {"mechanism": "select", "scorer": {"name": "outcome_reward"},
+                "actuator": {"name": "gfpo", "params": {"k": k}}}
+
+    warned = validate(block(8), context={"rollout_n": 8}).warnings
+    assert any("keeps every row" in str(w) for w in warned)
+    assert not validate(block(4), context={"rollout_n": 8}).warnings
