@@ -28,3 +28,9 @@ def dataflex_log(caplog, monkeypatch):
     caplog.handler.setLevel(logging.DEBUG)
     yield caplog
     logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture
+def register(dataflex_register_plugin):
+    """``register(kind, name, cls)``: an in-process component for one test (the testing kit's fixture)."""
+    return dataflex_register_plugin

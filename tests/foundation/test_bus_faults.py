@@ -14,7 +14,6 @@ from dataflex_bus.bus import PluginInterrupt
 from dataflex_bus.components import Mixer
 from dataflex_bus.errors import PluginRuntimeError
 from dataflex_bus.pipeline import build_pipeline
-from dataflex_bus.registry import register_local, unregister_local
 
 from .toys import toy_batch
 
@@ -23,18 +22,6 @@ def select_block(actuator="toy_band", scorer="toy_reward", **params):
     return {"mechanism": "select", "scorer": {"name": scorer}, "actuator": {"name": actuator, "params": params}}
 
 
-@pytest.fixture
-def local():
-    """Register extra in-process components for one test; unregistered afterwards."""
-    added = []
-
-    def add(kind, name, cls):
-        register_local(kind, name, cls)
-        added.append((kind, name))
-
-    yield add
-    for kind, name in added:
-        unregister_local(kind, name)
 
 
 # ---------------------------------------------------------------------------- participants
@@ -84,9 +71,9 @@ class InterruptedScorer(ExitingScorer):
         return Score(batch.rewards, "response")
 
 
-def test_component_sys_exit_and_interrupt_name_the_component(toys, local):
-    local("scorer", "t_exits", ExitingScorer)
-    local("scorer", "t_interrupted", InterruptedScorer)
+def test_component_sys_exit_and_interrupt_name_the_component(toys, register):
+    register("scorer", "t_exits", ExitingScorer)
+    register("scorer", "t_interrupted", InterruptedScorer)
     with pytest.raises(PluginRuntimeError) as info:
         Runtime(select_block(scorer="t_exits")).emit("on_advantage", toy_batch(), 1)
     assert info.value.plugin == "local:t_exits" and isinstance(info.value.cause, SystemExit)
@@ -102,12 +89,12 @@ class ExitsAlways(Scorer):
         sys.exit(0)
 
 
-def test_sys_exit_in_the_validation_probe_does_not_end_validation(toys, local):
+def test_sys_exit_in_the_validation_probe_does_not_end_validation(toys, register):
     """Validation runs a selection on a probe batch (an advisory check); a plugin exiting there must not
     end `dataflex validate` or `run` with status 0: the probe gives up, training then names the plugin."""
     from dataflex_bus.validation import validate
 
-    local("scorer", "t_exits_always", ExitsAlways)
+    register("scorer", "t_exits_always", ExitsAlways)
     cfg = validate(select_block(scorer="t_exits_always", low=0.5, high=1.0))
     assert cfg.warnings == []
     with pytest.raises(PluginRuntimeError, match="t_exits_always"):
@@ -303,8 +290,8 @@ class InPlaceScorer(Scorer):
         return Score(batch.rewards, "response")
 
 
-def test_component_writing_the_batch_is_named_not_obeyed(toys, local):
-    local("scorer", "t_in_place", InPlaceScorer)
+def test_component_writing_the_batch_is_named_not_obeyed(toys, register):
+    register("scorer", "t_in_place", InPlaceScorer)
     batch = toy_batch()
     before = batch["rm_scores"].clone()
     with pytest.raises(PluginRuntimeError) as info:
@@ -348,12 +335,12 @@ class Halve(Reweighter):
         return Reweighting(torch.full((len(batch),), 0.5))
 
 
-def test_reweight_nonfinite_drop_removes_the_row_from_the_update(toys, local):
+def test_reweight_nonfinite_drop_removes_the_row_from_the_update(toys, register):
     """Regression: the dropped row was trained at the neutral weight; now it leaves the update."""
     from dataflex_bus.decision import carry_out_advantage
 
-    local("scorer", "t_nan_row1", NaNOnRowOne)
-    local("reweighter", "t_halve", Halve)
+    register("scorer", "t_nan_row1", NaNOnRowOne)
+    register("reweighter", "t_halve", Halve)
     pipe = build_pipeline({"mechanism": "reweight", "scorer": {"name": "t_nan_row1"},
                            "actuator": {"name": "t_halve"}, "on_nonfinite": "drop"})
     batch = toy_batch()
@@ -366,11 +353,11 @@ def test_reweight_nonfinite_drop_removes_the_row_from_the_update(toys, local):
 
 @pytest.mark.parametrize("mechanism", ["select", "reweight"])
 @pytest.mark.parametrize("policy", ["skip", "keep_all", "error"])
-def test_every_row_nonfinite_with_drop_follows_on_empty(toys, local, mechanism, policy):
+def test_every_row_nonfinite_with_drop_follows_on_empty(toys, register, mechanism, policy):
     """Regression: with every row dropped, on_empty was ignored; now it applies (keep_all keeps no
     non-finite row: the update is skipped)."""
-    local("scorer", "t_all_nan", AllNaN)
-    local("reweighter", "t_halve", Halve)
+    register("scorer", "t_all_nan", AllNaN)
+    register("reweighter", "t_halve", Halve)
     actuator = {"name": "toy_band"} if mechanism == "select" else {"name": "t_halve"}
     pipe = build_pipeline({"mechanism": mechanism, "scorer": {"name": "t_all_nan"}, "actuator": actuator,
                            "on_nonfinite": "drop", "on_empty": policy})
@@ -391,9 +378,9 @@ class NaNMixer(Mixer):
         return torch.full((len(self.domains),), float("nan"))
 
 
-def test_mixer_publishing_nan_is_refused_naming_the_mixer(toys, local):
+def test_mixer_publishing_nan_is_refused_naming_the_mixer(toys, register):
     """Regression: NaN probabilities reached the sampler; now they are refused where they are published."""
-    local("mixer", "t_nan_mixer", NaNMixer)
+    register("mixer", "t_nan_mixer", NaNMixer)
     runtime = Runtime({"mechanism": "mix", "scorer": {"name": "toy_reward"}, "actuator": {"name": "t_nan_mixer"}})
     runtime.set_domains(["a", "b"])
     with pytest.raises(PluginRuntimeError) as info:

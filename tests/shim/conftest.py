@@ -67,17 +67,3 @@ def observers(monkeypatch):
     return added
 
 
-@pytest.fixture
-def local():
-    """``local(kind, name, cls)`` registers an in-process component for one test."""
-    from dataflex_bus.registry import register_local, unregister_local
-
-    added = []
-
-    def add(kind, name, cls):
-        register_local(kind, name, cls)
-        added.append((kind, name))
-
-    yield add
-    for kind, name in added:
-        unregister_local(kind, name)

@@ -127,7 +127,7 @@ def test_domains_run_would_refuse_after_the_warm_start(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_plugin_exit_and_interrupt(tmp_path, capsys, local):
+def test_plugin_exit_and_interrupt(tmp_path, capsys, register):
     import torch
 
     from dataflex_bus import Selection, Selector
@@ -144,8 +144,8 @@ def test_plugin_exit_and_interrupt(tmp_path, capsys, local):
                 raise KeyboardInterrupt
             return Selection(torch.ones(len(batch), dtype=torch.bool))
 
-    local("selector", "t_quits", Quits)
-    local("selector", "t_ctrl_c", CtrlC)
+    register("selector", "t_quits", Quits)
+    register("selector", "t_ctrl_c", CtrlC)
     block = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "t_quits"}}
     config = write(tmp_path / "q.yaml", tiny(block))
     rc, _, err = run(capsys, config, "--out", str(tmp_path / "q"))

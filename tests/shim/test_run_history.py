@@ -72,7 +72,7 @@ def test_resuming_a_complete_run_at_its_length_changes_nothing_it_trained(tmp_pa
     assert [(s["start_step"], s["end_step"]) for s in rec["sessions"]] == [(0, 3), (3, 3)]
 
 
-def test_a_plugin_calling_sys_exit_fails_the_run_and_keeps_the_checkpoint(tmp_path, shim_components, local):
+def test_a_plugin_calling_sys_exit_fails_the_run_and_keeps_the_checkpoint(tmp_path, shim_components, register):
     from dataflex_bus import Selection, Selector
 
     class ExitAt(Selector):
@@ -81,7 +81,7 @@ def test_a_plugin_calling_sys_exit_fails_the_run_and_keeps_the_checkpoint(tmp_pa
                 raise SystemExit(0)
             return Selection(torch.ones(len(batch), dtype=torch.bool))
 
-    local("selector", "t_exit_at", ExitAt)
+    register("selector", "t_exit_at", ExitAt)
     out = tmp_path / "run"
     with pytest.raises(PluginRuntimeError, match=r"'local:t_exit_at' failed .*SystemExit: 0"):
         run_training(tiny(sel({"name": "t_exit_at"})), steps=4, out=out)
@@ -90,7 +90,7 @@ def test_a_plugin_calling_sys_exit_fails_the_run_and_keeps_the_checkpoint(tmp_pa
     assert load_checkpoint(out / "checkpoint.pt")["step"] == 2
 
 
-def test_an_interrupt_is_recorded_as_interrupted_not_failed(tmp_path, shim_components, local):
+def test_an_interrupt_is_recorded_as_interrupted_not_failed(tmp_path, shim_components, register):
     from dataflex_bus import Selection, Selector
 
     class CtrlCAt(Selector):
@@ -99,7 +99,7 @@ def test_an_interrupt_is_recorded_as_interrupted_not_failed(tmp_path, shim_compo
                 raise KeyboardInterrupt
             return Selection(torch.ones(len(batch), dtype=torch.bool))
 
-    local("selector", "t_ctrl_c", CtrlCAt)
+    register("selector", "t_ctrl_c", CtrlCAt)
     out = tmp_path / "run"
     with pytest.raises(PluginInterrupt, match="local:t_ctrl_c"):
         run_training(tiny(sel({"name": "t_ctrl_c"})), steps=4, out=out)
