@@ -165,6 +165,7 @@ def test_b():
     result.assert_outcomes(passed=2)
 
 
+@pytest.mark.integration
 def test_run_short_training_uses_the_shim(contrib_components):
     pytest.importorskip("dataflex_bus.shim")
     from dataflex_bus.testing import run_short_training

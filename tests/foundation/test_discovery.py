@@ -172,6 +172,7 @@ def _cli(args, root: Path, **env):
                           env=full_env, timeout=120)
 
 
+@pytest.mark.integration
 def test_cli_plugins_json_and_check(packs):
     root = packs["root"]
     out = _cli(["plugins", "--json"], root, DATAFLEX_LOAD_PLUGINS="good,broken,scorers")

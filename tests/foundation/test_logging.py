@@ -5,6 +5,8 @@ import logging
 import subprocess
 import sys
 
+import pytest
+
 # What an application does: configure output (the CLI does this), then build a runtime.
 SCRIPT = """
 from dataflex_bus import Runtime
@@ -21,6 +23,7 @@ def run(env_extra, script=SCRIPT):
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.integration
 def test_json_lines_record_plugins_and_methods():
     out = run({"DATAFLEX_LOG_FORMAT": "json"})
     assert out.returncode == 0, out.stderr
@@ -29,11 +32,13 @@ def test_json_lines_record_plugins_and_methods():
     assert "dataflex-bus==0.1.0" in rec["plugins"] and rec["methods"] == [] and rec["level"] == "info"
 
 
+@pytest.mark.integration
 def test_console_is_the_default():
     out = run({"DATAFLEX_LOG_FORMAT": ""})
     assert "dataflex.runtime" in out.stderr and not out.stderr.lstrip().startswith("{")
 
 
+@pytest.mark.integration
 def test_the_library_alone_prints_nothing_and_configures_nothing():
     out = run({"DATAFLEX_LOG_FORMAT": "json"}, "from dataflex_bus import Runtime\nRuntime(None)\n")
     assert out.returncode == 0 and out.stderr == "" and out.stdout == ""

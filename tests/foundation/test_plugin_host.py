@@ -165,6 +165,7 @@ def test_summary_shows_in_plugins_table_and_json(site, capsys):
 
 
 # ---------------------------------------------------------------------------- plugins --check
+@pytest.mark.integration
 def test_check_names_a_misspelt_target_and_passes_a_good_pack(site):
     bad = cli(site, "plugins", "--check", DATAFLEX_LOAD_PLUGINS="hostgood,hostbad")
     assert bad.returncode == 1, bad.stdout + bad.stderr
@@ -218,6 +219,7 @@ def test_debug_names_the_plugin_being_imported_when_the_process_dies(site):
     assert "dataflex: loading plugin 'scorers' (dataflex-bus==0.1.0)" in lines  # loaded before it
 
 
+@pytest.mark.integration
 def test_debug_names_the_component_module_being_imported(site, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("dataflex:\n  mechanism: select\n  scorer: {name: exits}\n  actuator: {name: topk_fraction}\n")

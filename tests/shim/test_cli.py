@@ -22,6 +22,7 @@ def write(path, config):
     return path
 
 
+@pytest.mark.integration
 def test_run_writes_metrics_record_and_plot(tmp_path, capsys):
     cfg = write(tmp_path / "plain.yaml", tiny())
     out = tmp_path / "out"
@@ -41,6 +42,7 @@ def test_run_writes_metrics_record_and_plot(tmp_path, capsys):
     assert f"held-out accuracy on learnable domains: {first:.3f} (step 0) -> {last:.3f} (step 1)" in printed
 
 
+@pytest.mark.integration
 def test_run_refuses_to_overwrite_without_force(tmp_path, capsys):
     cfg = write(tmp_path / "plain.yaml", tiny())
     out = tmp_path / "out"

@@ -68,6 +68,7 @@ def test_absurd_group_size(cfg, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.integration
 def test_locked_out(cfg, tmp_path, capsys):
     out = tmp_path / "o"
     with faults.lock_holder(out) as pid:

@@ -91,6 +91,7 @@ METHOD = [0.56, 0.55, 0.52, 0.60, 0.57]
 
 
 # ---------------------------------------------------------------------------- the required hand check
+@pytest.mark.integration
 def test_paired_statistics_equal_a_hand_computed_t_interval(tmp_path, capsys):
     base = method_dir(tmp_path / "runs", "grpo", BASE)
     meth = method_dir(tmp_path / "runs", "filter", METHOD)
@@ -211,6 +212,7 @@ def test_equal_rollouts_unavailable_is_explained(tmp_path):
 
 
 # ---------------------------------------------------------------------------- one seed, errors, refusals
+@pytest.mark.integration
 def test_one_seed_writes_nulls_and_says_so(tmp_path):
     base = method_dir(tmp_path / "runs", "a", [0.5])
     meth = method_dir(tmp_path / "runs", "b", [0.6])
@@ -246,6 +248,7 @@ def test_non_finite_metric_is_refused(tmp_path, capsys):
     assert f"'{METRIC}' at step 9 is nan, not a finite number" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_metric_option_and_missing_metric_suggests_keys(tmp_path, capsys):
     a = method_dir(tmp_path / "runs", "a", [0.5, 0.6])
     b = method_dir(tmp_path / "runs", "b", [0.4, 0.7])
@@ -258,6 +261,7 @@ def test_metric_option_and_missing_metric_suggests_keys(tmp_path, capsys):
     assert "no 'eval/heldout/nope' on any step" in err and "eval/heldout/sort" in err and "--metric" in err
 
 
+@pytest.mark.integration
 def test_baseline_option(tmp_path, capsys):
     a = method_dir(tmp_path / "runs", "a", BASE)
     b = method_dir(tmp_path / "runs", "b", METHOD)
@@ -271,6 +275,7 @@ def test_baseline_option(tmp_path, capsys):
     assert "--baseline: 'c' is none of the compared inputs (allowed: a, b)" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_earlier_comparison_needs_force(tmp_path, capsys, monkeypatch):
     a = method_dir(tmp_path / "runs", "a", BASE)
     b = method_dir(tmp_path / "runs", "b", METHOD)
@@ -289,6 +294,7 @@ def test_earlier_comparison_needs_force(tmp_path, capsys, monkeypatch):
     assert "matplotlib is not installed" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_directory_inputs_and_seeds(tmp_path, capsys):
     a = method_dir(tmp_path / "runs", "a", BASE)
     b = method_dir(tmp_path / "runs", "b", METHOD)
@@ -321,6 +327,7 @@ def write_config(path: Path, config) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_compare_runs_configs_and_reuses_finished_runs(tmp_path, capsys):
     a = write_config(tmp_path / "a.yaml", tiny(trainer={"eval_every": 1}))
     b = write_config(tmp_path / "b.yaml", tiny(trainer={"eval_every": 1, "lr": 0.01}))
@@ -360,6 +367,7 @@ def test_a_bad_run_directory_fails_before_any_training(tmp_path, capsys):
     assert not (out / "a").exists()
 
 
+@pytest.mark.integration
 def test_runs_are_paired_by_seed_not_by_directory_order(tmp_path):
     def final(f):
         return lambda s: 0.3 + (f - 0.3) * s / 9

@@ -71,6 +71,7 @@ def test_on_prompts_comes_before_generation(recorder):
     assert "rm_scores" not in prompts.fields and prompts.num_groups == len(prompts)
 
 
+@pytest.mark.integration
 def test_greso_run_counts_every_candidate_and_rollout():
     m = run(greso_block(), 14).metrics
     n = 4  # group_size
@@ -91,6 +92,7 @@ def test_greso_run_counts_every_candidate_and_rollout():
     assert all(t <= 8 for t in trained)
 
 
+@pytest.mark.integration
 def test_dynamic_sampling_refills_until_the_batch_is_full():
     block = {**{k: v for k, v in DAPO.items() if k != "name"}, "refill": {"gen_batch_size": 8, "max_rounds": 0}}
     m = run(block, 6).metrics
@@ -104,6 +106,7 @@ def test_dynamic_sampling_refills_until_the_batch_is_full():
     assert max(x["dataflex/refill/rounds"] for x in m) > 1  # random is all-wrong: rounds were refilled
 
 
+@pytest.mark.integration
 def test_resume_keeps_history_probabilities_and_counters(tmp_path):
     block = greso_block()
     full = without_times(run(block, 8, out=tmp_path / "full").metrics)

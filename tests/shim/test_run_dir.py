@@ -35,6 +35,7 @@ def record(out: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------- the lock
+@pytest.mark.integration
 def test_second_run_on_a_locked_directory_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "run"
     with faults.lock_holder(out) as pid:
@@ -390,6 +391,7 @@ def test_config_errors_come_before_the_directory_is_touched(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_force_never_removes_the_files_of_a_run_in_progress(tmp_path):
     """What `dataflex compare --force` does before its own runs: refused while another run holds the
     directory."""

@@ -50,6 +50,7 @@ def test_every_training_rank_maps_to_a_distinct_prompt_outside_the_heldout_set()
         assert len(held[c]) == int(split.held[c]) and train + len(held[c]) == size
 
 
+@pytest.mark.integration
 def test_training_draws_never_hit_a_heldout_prompt():
     split = Split(NAMES, 1, 600)
     heldout = {(int(d), tuple(t)) for d, t in zip(split.heldout.domains, split.heldout.tokens.tolist())}
@@ -139,6 +140,7 @@ def brute_force_score(name, digits, written):
     return sum(written == a for a in answers) / len(answers)  # expectation over the random answer
 
 
+@pytest.mark.integration
 def test_exact_evaluation_equals_a_brute_force_per_prompt_score():
     split = Split(NAMES, 2, 60)
     policy = TinyPolicy(vocab_size(len(NAMES)), 32, 1, torch.Generator().manual_seed(0))

@@ -98,6 +98,7 @@ note("end")
 """
 
 
+@pytest.mark.integration
 def test_runs_start_after_their_dependency_and_after_the_others_servers_are_up(smoke, tmp_path):
     fake, journal = tmp_path / "fake.py", tmp_path / "journal"
     fake.write_text(FAKE_TRAINER)
@@ -118,6 +119,7 @@ def test_runs_start_after_their_dependency_and_after_the_others_servers_are_up(s
     assert results["console_only"].metrics == {1: {"actor/pg_loss": 0.25, "name_len": 12.0}}
 
 
+@pytest.mark.integration
 def test_a_run_past_its_timeout_is_ended_and_reported(smoke, tmp_path):
     fake, journal = tmp_path / "fake.py", tmp_path / "journal"
     fake.write_text(FAKE_TRAINER)
