@@ -24,11 +24,9 @@ Run: ``python benchmarks/bench_prompts.py [--prompts 1024 --group 16 --tokens 20
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from bench_methods import fresh_batch, timeit_pair
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.decision import carry_out_prompts
@@ -39,19 +37,6 @@ from dataflex_bus.runtime import Runtime
 GRESO = {"name": "greso", "mechanism": "select", "scorer": {"name": "zero_variance_streak"},
          "actuator": {"name": "greso", "params": {"adapt_from_epoch": 0}}}
 DAPO = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}}
-
-
-def timeit_pair(ours: Callable[[], object], ref: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """Medians of ``ours`` and ``ref`` timed alternately, so drifting machine load hits both alike."""
-    ours(), ref()
-    a: list[float] = []
-    b: list[float] = []
-    for _ in range(repeats):
-        for fn, out in ((ours, a), (ref, b)):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return statistics.median(a), statistics.median(b)
 
 
 def rollout_data(prompts: int, group: int, tokens: int, domains: int, dataset: int,
@@ -70,11 +55,6 @@ def rollout_data(prompts: int, group: int, tokens: int, domains: int, dataset: i
     return {"uid": torch.arange(prompts).repeat_interleave(group), "rm_scores": rm, "response_mask": mask,
             "domains": (prompt % domains).repeat_interleave(group),
             "prompt_index": prompt.repeat_interleave(group)}
-
-
-def fresh(data: dict[str, torch.Tensor], names: list[str]) -> Batch:
-    fields = {k: v for k, v in data.items() if k not in ("uid", "domains")}
-    return Batch.from_tensors(uid=data["uid"], domains=data["domains"], domain_names=names, **fields)
 
 
 def main() -> int:
@@ -119,12 +99,12 @@ def main() -> int:
 
     def ours_fresh() -> None:
         on_prompts()
-        runtime.record_rollouts(fresh(data, names), step)
+        runtime.record_rollouts(fresh_batch(data, names), step)
 
     def ref_fresh() -> None:
-        reference.apply(fresh(data, names), step)
+        reference.apply(fresh_batch(data, names), step)
 
-    shared = fresh(data, names)
+    shared = fresh_batch(data, names)
     _ = shared.rewards, shared.group_index  # computed once per step by the host's on_rollout batch
 
     def ours_shared() -> None:
