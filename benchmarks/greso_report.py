@@ -22,20 +22,22 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from dataflex_bus.errors import DataflexError
+from dataflex_bus.shim.compare import load_curve
+
 
 def read_run(run_dir: Path, metric: str) -> dict[str, Any]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    if not lines:
-        raise SystemExit(f"{run_dir}: metrics.jsonl is empty")
-    points = [(m["compute/generated_rollouts"], m[metric]) for m in lines if metric in m]
-    if not points:
-        raise SystemExit(f"{run_dir}: no line of metrics.jsonl holds {metric!r}")
-    last = lines[-1]
+    try:
+        curve = load_curve(run_dir, metric)
+    except DataflexError as exc:
+        raise SystemExit(str(exc)) from None
+    last = curve.metrics[-1]
     trained = last.get("compute/trained_groups")
     if not trained:
         raise SystemExit(f"{run_dir}: no compute/trained_groups (a run from before the counter existed?)")
+    points = [(p.rollouts, p.value) for p in curve.points]
     return {"rollouts": last["compute/generated_rollouts"], "trained_groups": trained,
-            "per_group": last["compute/generated_rollouts"] / trained, "points": points, "final": points[-1][1]}
+            "per_group": last["compute/generated_rollouts"] / trained, "points": points, "final": curve.final.value}
 
 
 def reach(points: list[tuple[float, float]], target: float) -> float | None:
