@@ -55,3 +55,11 @@ def verl_components():
     import verl_components  # noqa: F401  (registers on import)
 
     yield
+
+
+@pytest.fixture
+def H(clean_partition, verl_components):
+    """The harness module (verl_harness.py) with an empty TransferQueue partition and the tests' components."""
+    import verl_harness
+
+    return verl_harness

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_verl_tq import sampled
 
 pytestmark = [pytest.mark.verl, pytest.mark.tq]
 
@@ -36,13 +35,6 @@ CASES = {
 }
 
 
-@pytest.fixture
-def H(clean_partition, verl_components):
-    import verl_harness
-
-    return verl_harness
-
-
 def _spy(trainer) -> list:
     """Record (event, batch, decision) of every emit of the trainer's runtime."""
     seen = []
@@ -66,7 +58,7 @@ def _numbered(batch):
 def test_shim_and_verl_carry_out_the_same_decision(H, tmp_path, clean_partition, case):
     from dataflex_bus.shim.trainer import after_advantage, after_rollout
 
-    run, meta = sampled(H, tmp_path, CASES[case], batch=3)
+    run, meta = H.sampled(tmp_path, CASES[case], batch=3)
     t = run.trainer
     seen = _spy(t)
 

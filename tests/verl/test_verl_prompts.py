@@ -18,13 +18,6 @@ DAPO_REFILL = ["+dataflex.mechanism=select", "+dataflex.scorer.name=reward_diffi
                "+dataflex.actuator.name=dapo", "+dataflex.refill.policy=credit2", "+dataflex.refill.max_rounds=0"]
 
 
-@pytest.fixture
-def H(clean_partition, verl_components):
-    import verl_harness
-
-    return verl_harness
-
-
 def generated(run) -> list[list[int]]:
     """Dataset row (extra_info.index) of every prompt generated, per generate call."""
     return run.agent_loop.generated_rows

@@ -32,30 +32,8 @@ MIX_FOCUS_HARD = [
 ]
 
 
-@pytest.fixture
-def H(clean_partition, verl_components):
-    import verl_harness
-
-    return verl_harness
-
-
 def dataset(H, tmp_path, **domains):
     return H.write_dataset(tmp_path / "train.parquet", domains)
-
-
-def sampled(H, tmp_path, extra, *, batch=3, domains=None, steps=2):
-    """A set-up trainer with one generated, sampled and on_rollout/balanced batch (padded to 8s)."""
-    from verl.utils.skip import SkipManager
-
-    data = dataset(H, tmp_path, **(domains or {"math": 4, "logic": 4, "code": 4}))
-    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=batch, steps=steps) + extra).setup()
-    t = run.trainer
-    SkipManager.init(t.config)
-    t.global_steps = 1
-    t.agent_loop_manager = H.FakeAgentLoop(int(t.config.actor_rollout_ref.rollout.n), run.events)
-    t._add_batch_to_generate()
-    meta, _ = t.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=batch)
-    return run, meta
 
 
 def tq_keys(tq):
@@ -73,7 +51,7 @@ def test_on_advantage_weights_reach_the_actor_multiplied(H, tmp_path, clean_part
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     tq = clean_partition
-    run, meta = sampled(H, tmp_path, [*REWEIGHT_MATH_X2, f"algorithm.rollout_correction.rollout_is={rollout_is}"])
+    run, meta = H.sampled(tmp_path, [*REWEIGHT_MATH_X2, f"algorithm.rollout_correction.rollout_is={rollout_is}"])
     t = run.trainer
     meta = t._balance_batch(meta, metrics={})
     assert len(meta) == 16 and sum(tag.get("is_padding", False) for tag in meta.tags) == 4
@@ -109,7 +87,7 @@ def test_on_advantage_weights_reach_the_actor_multiplied(H, tmp_path, clean_part
 
 
 def test_on_advantage_subset_selector_masks_and_rewrites_advantages(H, tmp_path, clean_partition):
-    run, meta = sampled(H, tmp_path, [
+    run, meta = H.sampled(tmp_path, [
         "+dataflex.mechanism=select", "+dataflex.scorer.name=reward_difficulty",
         "+dataflex.actuator.name=max_variance", "+dataflex.actuator.params.keep_fraction=0.5"])
     t = run.trainer
@@ -137,7 +115,7 @@ def test_on_advantage_subset_selector_masks_and_rewrites_advantages(H, tmp_path,
 def test_on_rollout_removes_groups_before_old_log_prob(H, tmp_path, clean_partition):
     tq = clean_partition
     # the whole 4-row dataset is the batch: math solves 2 of 4 (kept), code 0 of 4 (dropped)
-    run, meta = sampled(H, tmp_path, SEED, batch=4, domains={"math": 1, "code": 3})
+    run, meta = H.sampled(tmp_path, SEED, batch=4, domains={"math": 1, "code": 3})
     t = run.trainer
     before = list(meta.keys)
     doms = dict(zip(before, domains_of(tq, before)))
@@ -157,7 +135,7 @@ def test_on_rollout_removes_groups_before_old_log_prob(H, tmp_path, clean_partit
 
 
 def test_on_rollout_empty_selection_keeps_one_group_and_skips_the_update(H, tmp_path, clean_partition):
-    run, meta = sampled(H, tmp_path, SEED, domains={"code": 6})
+    run, meta = H.sampled(tmp_path, SEED, domains={"code": 6})
     t = run.trainer
     balanced = t._balance_batch(meta, metrics={})
     real = [k for k, tag in zip(balanced.keys, balanced.tags) if not tag.get("is_padding")]

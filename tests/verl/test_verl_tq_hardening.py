@@ -18,29 +18,6 @@ TOPK_ONE_ROW = ["+dataflex.mechanism=select", "+dataflex.scorer.name=advantage_m
                 "+dataflex.actuator.name=topk_fraction", "+dataflex.actuator.params.fraction=0.1"]
 
 
-@pytest.fixture
-def H(clean_partition, verl_components):
-    import verl_harness
-
-    return verl_harness
-
-
-def prepared(H, tmp_path, extra, *, batch=3, mini=2, domains=None, mode="dataflex_sync", steps=2):
-    """A set-up trainer with one generated and sampled batch (before on_rollout)."""
-    from verl.utils.skip import SkipManager
-
-    data = H.write_dataset(tmp_path / "train.parquet", domains or {"math": 4, "logic": 4, "code": 4})
-    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=batch, mini=mini, steps=steps, mode=mode)
-                + extra).setup()
-    t = run.trainer
-    SkipManager.init(t.config)
-    t.global_steps = 1
-    t.agent_loop_manager = H.FakeAgentLoop(int(t.config.actor_rollout_ref.rollout.n), run.events)
-    t._add_batch_to_generate()
-    meta, _ = t.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=batch)
-    return run, meta
-
-
 def train_one_step(t, meta) -> tuple[dict, object]:
     """verl's _step_once from _balance_batch on, collecting the metrics; returns them and the meta the
     actor received."""
@@ -62,7 +39,7 @@ def worker_field(H, meta, name, pad=0):
 # ---------------------------------------------------------------------------- emptied mini-batches
 def test_an_emptied_mini_batch_would_be_a_nan_step(H, tmp_path, clean_partition):
     """The scenario of the tests below, without the adapter's block handling: token-mean 0/0."""
-    run, meta = prepared(H, tmp_path, TOPK_ONE_ROW, mini=1)
+    run, meta = H.sampled(tmp_path, TOPK_ONE_ROW, mini=1)
     t = run.trainer
     t._actor_blocks = lambda rows: (None, None)
     train_one_step(t, meta)
@@ -72,7 +49,7 @@ def test_an_emptied_mini_batch_would_be_a_nan_step(H, tmp_path, clean_partition)
 
 def test_an_emptied_mini_batch_leaves_the_update_under_on_empty_skip(H, tmp_path, clean_partition):
     tq = clean_partition
-    run, meta = prepared(H, tmp_path, TOPK_ONE_ROW, mini=1)
+    run, meta = H.sampled(tmp_path, TOPK_ONE_ROW, mini=1)
     t = run.trainer
     metrics, _ = train_one_step(t, meta)
     update = t.actor_rollout_wg.updates[-1]
@@ -85,7 +62,7 @@ def test_an_emptied_mini_batch_leaves_the_update_under_on_empty_skip(H, tmp_path
 
 
 def test_an_emptied_mini_batch_trains_again_under_on_empty_keep_all(H, tmp_path, clean_partition):
-    run, meta = prepared(H, tmp_path, [*TOPK_ONE_ROW, "+dataflex.on_empty=keep_all"], mini=1)
+    run, meta = H.sampled(tmp_path, [*TOPK_ONE_ROW, "+dataflex.on_empty=keep_all"], mini=1)
     t = run.trainer
     metrics, actor_meta = train_one_step(t, meta)
     update = t.actor_rollout_wg.updates[-1]
@@ -98,7 +75,7 @@ def test_an_emptied_mini_batch_trains_again_under_on_empty_keep_all(H, tmp_path,
 def test_an_emptied_mini_batch_raises_under_on_empty_error(H, tmp_path, clean_partition):
     from dataflex_bus.errors import DataflexError
 
-    run, meta = prepared(H, tmp_path, [*TOPK_ONE_ROW, "+dataflex.on_empty=error"], mini=1)
+    run, meta = H.sampled(tmp_path, [*TOPK_ONE_ROW, "+dataflex.on_empty=error"], mini=1)
     t = run.trainer
     with pytest.raises(DataflexError, match=r"every row of 2 of 3 training block.*on_empty=error"):
         train_one_step(t, meta)
@@ -109,7 +86,7 @@ def test_reweight_drops_a_nonfinite_row_in_what_the_actor_receives(H, tmp_path, 
     from test_verl_tq import domains_of
 
     tq = clean_partition
-    run, meta = prepared(H, tmp_path, [
+    run, meta = H.sampled(tmp_path, [
         "+dataflex.mechanism=reweight", "+dataflex.scorer.name=vt_nan_for", "+dataflex.scorer.params.domain=code",
         "+dataflex.actuator.name=vt_domain_weight", "+dataflex.actuator.params.domain=math",
         "+dataflex.actuator.params.weight=2.0", "+dataflex.on_nonfinite=drop"],
@@ -161,7 +138,7 @@ def test_trained_metrics_count_only_the_rows_the_actor_trains_on(H, tmp_path, cl
 
 # ---------------------------------------------------------------------------- compute actually spent
 def test_rows_after_padding_reports_the_compute_of_an_on_rollout_drop(H, tmp_path, clean_partition):
-    run, meta = prepared(H, tmp_path, SEED, batch=4, domains={"math": 1, "code": 3})
+    run, meta = H.sampled(tmp_path, SEED, batch=4, domains={"math": 1, "code": 3})
     t = run.trainer
     real_tokens = {k: tag["seq_len"] for k, tag in zip(meta.keys, meta.tags)}
     metrics: dict = {}
@@ -178,7 +155,7 @@ def test_rows_after_padding_reports_the_compute_of_an_on_rollout_drop(H, tmp_pat
 def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partition, monkeypatch):
     import dataflex_bus.verl.trainer as adapter
 
-    run, meta = prepared(H, tmp_path, [
+    run, meta = H.sampled(tmp_path, [
         "+dataflex.mechanism=reweight", "+dataflex.scorer.name=token_prob",
         "+dataflex.actuator.name=advantage_reweight", "+dataflex.actuator.params.alpha=0.5"])
     t = run.trainer
@@ -203,7 +180,7 @@ def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partiti
 def test_an_event_nobody_listens_to_reads_only_what_the_metrics_need(H, tmp_path, clean_partition, monkeypatch):
     import dataflex_bus.verl.trainer as adapter
 
-    run, meta = prepared(H, tmp_path, SEED)
+    run, meta = H.sampled(tmp_path, SEED)
     t = run.trainer
     assert not t.dataflex.listens("on_advantage") and not t.dataflex.listens("on_step_end")
     fetched: list[set] = []

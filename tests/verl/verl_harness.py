@@ -364,3 +364,20 @@ class Run:
         trainer._compute_metrics = capture
         trainer.fit(self.agent_loop)
         return self
+
+
+def sampled(tmp_path: Path, extra: list[str], *, batch: int = 3, mini: int = 2, domains: dict[str, int] | None = None,
+            mode: str = "dataflex_sync", steps: int = 2) -> tuple[Run, Any]:
+    """A set-up trainer with one generated and sampled batch (before on_rollout), and that batch's meta."""
+    from verl.utils.skip import SkipManager
+
+    data = write_dataset(tmp_path / "train.parquet", domains or {"math": 4, "logic": 4, "code": 4})
+    run = Run(base_overrides(data, tmp_path / "ckpt", batch=batch, mini=mini, steps=steps, mode=mode)
+              + extra).setup()
+    t = run.trainer
+    SkipManager.init(t.config)
+    t.global_steps = 1
+    t.agent_loop_manager = FakeAgentLoop(int(t.config.actor_rollout_ref.rollout.n), run.events)
+    t._add_batch_to_generate()
+    meta, _ = t.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=batch)
+    return run, meta
