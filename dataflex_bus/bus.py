@@ -31,7 +31,7 @@ import inspect
 import logging
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pluggy import PluginValidationError
 from torch import Tensor
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dataflex_bus")
 _MARK = f"{PROJECT}_impl"
 _VERSION = operator.attrgetter("_version")
+T = TypeVar("T")
 
 
 class PluginInterrupt(KeyboardInterrupt):
@@ -160,6 +161,25 @@ def batch_write_error(plugin: str, hook: str, writes: list[tuple[str, str]]) -> 
                             "changes through the decision (keep, weights, advantages), so the host trains only on "
                             "what was decided")
     return PluginRuntimeError(plugin, hook, cause)
+
+
+def guarded_call(fn: Callable[..., T], args: tuple[Any, ...], plugin: str, hook: str,
+                 watch: BatchWatch | None) -> T:
+    """Call a plugin's function: any failure (``SystemExit`` included: a plugin calling ``sys.exit(0)``
+    must not end a run as a success) becomes a :class:`PluginRuntimeError`, an interrupt a
+    :class:`PluginInterrupt`, each naming ``plugin`` and ``hook``; with a ``watch``, a write to the batch
+    it covers is an error too."""
+    try:
+        result = fn(*args)
+    except (PluginRuntimeError, PluginInterrupt):
+        raise
+    except KeyboardInterrupt as exc:
+        raise PluginInterrupt(plugin, hook) from exc
+    except (Exception, SystemExit) as exc:
+        raise PluginRuntimeError(plugin, hook, exc) from exc
+    if watch is not None and watch.changed():
+        raise batch_write_error(plugin, hook, watch.writes())
+    return result
 
 
 # ---------------------------------------------------------------------------- the decision, read-only
@@ -364,21 +384,7 @@ class EventBus:
         # implementation's own arguments, positionally).
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
-            try:
-                result = fn(*args)
-            except PluginRuntimeError:
-                raise
-            except KeyboardInterrupt as exc:
-                if isinstance(exc, PluginInterrupt):
-                    raise
-                raise PluginInterrupt(plugin, hook) from exc
-            except (Exception, SystemExit) as exc:
-                # SystemExit too: a plugin calling sys.exit(0) must not end a run as a success.
-                raise PluginRuntimeError(plugin, hook, exc) from exc
-            watch = self._watch
-            if takes_batch and watch is not None and watch.changed():
-                raise batch_write_error(plugin, hook, watch.writes())
-            return result
+            return guarded_call(fn, args, plugin, hook, self._watch if takes_batch else None)
 
         return call
 

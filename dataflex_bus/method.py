@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from .block import MethodConfig
-from .bus import BatchWatch, PluginInterrupt, batch_write_error
+from .bus import BatchWatch, guarded_call
 from .components import Mixer, Reweighter, Score, Scorer, Selector, as_score
 from .decision import Decision, check_probabilities
-from .errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError, PluginRuntimeError
+from .errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError
 from .ops import segment_max, segment_min
 from .weights import expand_weights
 
@@ -99,18 +99,7 @@ class Method:
         given names the component's plugin and the event."""
         component = self.scorer if who == "scorer" else self.actuator
         plugin = self.provenance.get(who, component.name)
-        watch = BatchWatch(args[0]) if args else None
-        try:
-            result = fn(*args)
-        except (PluginRuntimeError, PluginInterrupt):
-            raise
-        except KeyboardInterrupt as exc:
-            raise PluginInterrupt(plugin, self.event) from exc
-        except (Exception, SystemExit) as exc:
-            raise PluginRuntimeError(plugin, self.event, exc) from exc
-        if watch is not None and watch.changed():
-            raise batch_write_error(plugin, self.event, watch.writes())
-        return result
+        return guarded_call(fn, args, plugin, self.event, BatchWatch(args[0]) if args else None)
 
     def _score(self, batch: Batch, step: int, metrics: dict[str, float]) -> tuple[Batch, Score, Tensor | None]:
         """The score, and the rows ``on_nonfinite=drop`` dropped (``None``: none). The batch returned has
