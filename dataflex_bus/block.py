@@ -22,7 +22,7 @@ Both parse to a :class:`DataflexConfig` holding :class:`MethodConfig` objects.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .components import MECHANISM_KIND
@@ -108,8 +108,7 @@ class RefillConfig:
     min_gen_batch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gen_batch_size": self.gen_batch_size, "max_rounds": self.max_rounds, "policy": self.policy,
-                "on_exhaust": self.on_exhaust, "beta": self.beta, "min_gen_batch": self.min_gen_batch}
+        return asdict(self)
 
 
 @dataclass

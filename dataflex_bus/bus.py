@@ -336,27 +336,29 @@ class EventBus:
             self._emit_checked(event, batch, step, decision)
             return decision
         self._hooks[event](batch=batch, step=step, decision=decision)
-        calls = self._observer_calls.get(event)
-        if calls is not None:
-            given = (batch, step, DecisionView(decision))
-            for fn, pick in calls:
-                fn(*pick(given))
+        self._notify(event, batch, step, decision)
         return decision
+
+    def _notify(self, event: str, batch: Batch, step: int, decision: Decision) -> None:
+        """Call the observers of ``event`` (each with the arguments it takes; the decision read-only)."""
+        calls = self._observer_calls.get(event)
+        if calls is None:
+            return
+        if self.check_writes:
+            self._decision_versions = tuple(
+                (f"Decision.{name}", t, t._version) for name, t in
+                (("keep", decision.keep), ("advantages", decision.advantages), ("weights", decision.weights))
+                if isinstance(t, Tensor))
+        given = (batch, step, DecisionView(decision))
+        for fn, pick in calls:
+            fn(*pick(given))
 
     def _emit_checked(self, event: str, batch: Batch, step: int, decision: Decision) -> None:
         outer = self._watch, self._decision_versions
         self._watch = BatchWatch(batch)
         try:
             self._hooks[event](batch=batch, step=step, decision=decision)
-            calls = self._observer_calls.get(event)
-            if calls is not None:
-                self._decision_versions = tuple(
-                    (f"Decision.{name}", t, t._version) for name, t in
-                    (("keep", decision.keep), ("advantages", decision.advantages), ("weights", decision.weights))
-                    if isinstance(t, Tensor))
-                given = (batch, step, DecisionView(decision))
-                for fn, pick in calls:
-                    fn(*pick(given))
+            self._notify(event, batch, step, decision)
         finally:
             self._watch, self._decision_versions = outer
 

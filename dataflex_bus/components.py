@@ -143,7 +143,8 @@ class Scorer(Component):
 
     def score(self, batch: Batch, step: int, **ctx: Any) -> Score | Tensor:
         """Score ``batch`` at training ``step``: a :class:`Score`, or a plain tensor shaped by
-        :attr:`granularity` (``[B]``, ``[B, T]`` or ``[D]``). ``ctx`` holds ``event``, the bus event."""
+        :attr:`granularity` (``[B]``, ``[B, T]`` or ``[D]``). ``ctx`` is empty today: it keeps the
+        signature open for context a later host may pass."""
         raise NotImplementedError(f"{type(self).__name__}.score")
 
 
@@ -328,7 +329,7 @@ def class_attribute_problems(cls: type[Component]) -> list[str]:
                 problems.append(f"{cls.__name__}.params: key {key!r} is not a Python identifier")
             elif not isinstance(spec, Param):
                 bad(f"params[{key!r}]", spec, "expected a Param(...) declaration")
-            elif not all(isinstance(t, type) for t in (spec.type if isinstance(spec.type, tuple) else (spec.type,))):
+            elif not all(isinstance(t, type) for t in spec.types):
                 bad(f"params[{key!r}].type", spec.type, "expected a type or a tuple of types")
             elif not spec.required and (issue := spec.coerce(key, spec.default)[1]) is not None:
                 bad(f"params[{key!r}].default", spec.default, f"the default breaks its own declaration: "

@@ -32,6 +32,7 @@ import torch
 
 from .errors import BatchFieldError, DataflexError
 from .history import CLASS_NAMES
+from .ops import segment_sum
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -67,9 +68,7 @@ class Decision:
     def drop(self, rows: Tensor, *, on_empty: str | None = None, nonfinite: bool = False) -> None:
         """Drop ``rows`` (bool ``[B]``): keep masks of several methods AND. ``on_empty``: the dropping
         method's policy; ``nonfinite``: the rows are dropped because their score is NaN/inf."""
-        keep = ~rows
-        self.keep = keep if self.keep is None else self.keep & keep
-        self._note(on_empty)
+        self.restrict(~rows, on_empty=on_empty)
         if nonfinite:
             self.nonfinite = rows if self.nonfinite is None else self.nonfinite | rows
 
@@ -118,13 +117,19 @@ def first_group(batch: Batch) -> Tensor:
     return batch.group_index == batch.group_index[valid[0]]
 
 
+_BEFORE_ADVANTAGES = "decided at on_rollout, before advantages exist; a method writing them must act at on_advantage"
+
+
+def _keep_only(decision: Decision, why: str) -> None:
+    """Refuse a decision holding weights or advantages at an event where only a keep mask can act."""
+    if decision.weights is not None or decision.advantages is not None:
+        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages", why)
+
+
 def carry_out_rollout(batch: Batch, decision: Decision) -> RolloutAction:
     """The rows to carry on with after ``on_rollout``. Raises if a method asked for something that can
     only be done once advantages exist (the validation places such methods at ``on_advantage``)."""
-    if decision.weights is not None or decision.advantages is not None:
-        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages",
-                              "decided at on_rollout, before advantages exist; a method writing them must act "
-                              "at on_advantage")
+    _keep_only(decision, _BEFORE_ADVANTAGES)
     keep = decision.keep
     skip = decision.skip_update
     real = batch.valid_rows
@@ -272,9 +277,7 @@ def sampling_probabilities(probs: Mapping[str, float] | None, domains: Sequence[
 def carry_out_prompts(batch: Batch, decision: Decision) -> Tensor:
     """Bool ``[N]``: the candidates an ``on_prompts`` decision keeps (padding never). A decision at
     ``on_prompts`` can only keep or skip prompts: nothing else exists before generation."""
-    if decision.weights is not None or decision.advantages is not None:
-        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages",
-                              "decided at on_prompts, before anything is generated; only a keep mask is possible")
+    _keep_only(decision, "decided at on_prompts, before anything is generated; only a keep mask is possible")
     real = batch.valid_rows
     return real if decision.keep is None else decision.keep & real
 
@@ -441,14 +444,9 @@ def kept_groups(batch: Batch, decision: Decision) -> Tensor:
     """Bool ``[num_groups]``: the groups of one generation round an ``on_rollout`` decision keeps, for
     dynamic sampling (:class:`GroupFill`). A round whose selection keeps nothing is refilled rather than
     skipped, so ``skip_update`` is not read here; the exhaust policy decides once the rounds are spent."""
-    if decision.weights is not None or decision.advantages is not None:
-        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages",
-                              "decided at on_rollout, before advantages exist; a method writing them must act "
-                              "at on_advantage")
+    _keep_only(decision, _BEFORE_ADVANTAGES)
     keep = batch.valid_rows if decision.keep is None else decision.keep & batch.valid_rows
-    gi, g = batch.group_index, batch.num_groups
-    counts = torch.zeros(g, dtype=torch.long).index_add_(0, gi[gi >= 0], keep[gi >= 0].to(torch.long))
-    return counts > 0
+    return segment_sum(keep.to(torch.long), batch.group_index, batch.num_groups) > 0
 
 
 class GroupFill:

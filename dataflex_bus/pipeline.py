@@ -22,15 +22,19 @@ from .validation import installed_registry, validate
 if TYPE_CHECKING:
     from .batch import Batch
     from .components import Component, Scorer
-    from .registry import Registry
+    from .registry import ComponentSpec, Registry
 
 
 def build_component(slot: str, name: str, params: Mapping[str, Any] | None = None,
                     registry: Registry | None = None) -> Component:
     """Build one installed component by name (``scorer`` or ``actuator`` slot) with checked params."""
     registry = registry if registry is not None else installed_registry()
-    spec = registry.resolve(slot, name)
-    instance = spec.load()(**dict(params or {}))
+    return _instantiate(registry.resolve(slot, name), params or {})
+
+
+def _instantiate(spec: ComponentSpec, params: Mapping[str, Any]) -> Any:
+    """An instance of ``spec``'s class with ``params``, named as registered."""
+    instance = spec.load()(**dict(params))
     instance.name = spec.name
     return instance
 
@@ -46,10 +50,8 @@ def build_pipeline(config: DataflexConfig | Mapping[str, Any], registry: Registr
     for m in config.methods:
         found = m.resolved
         assert found is not None
-        scorer: Scorer = found.scorer.load()(**found.scorer_params)  # type: ignore[assignment]
-        scorer.name = found.scorer.name
-        actuator = found.actuator.load()(**found.actuator_params)
-        actuator.name = found.actuator.name
+        scorer: Scorer = _instantiate(found.scorer, found.scorer_params)
+        actuator = _instantiate(found.actuator, found.actuator_params)
         methods.append(Method(m, scorer, actuator, event=found.event, domains=config.domains,
                               provenance={"scorer": found.scorer.qualified_name,
                                           "actuator": found.actuator.qualified_name},
