@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from .components import KINDS
+from .components import KIND_MECHANISM, KINDS, MECHANISM_KIND
 
 
 def plugins_report() -> list[dict[str, Any]]:
@@ -98,28 +98,27 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from .discovery import get_plugins
     from .errors import UnknownComponentError
-    from .registry import SLOT
+    from .registry import SLOT, article
+    from .schema import did_you_mean
 
     registry = get_plugins().registry()
     kind = args.kind
     slots = ["scorer", "actuator"] if kind is None else [SLOT.get(kind, kind)]
     specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
     if not specs:
-        import difflib
-
         bare = args.name.rpartition(":")[2]
         kinds = [kind] if kind in KINDS else None
         known = sorted({n for slot in slots for n in registry.names(slot, kinds)})
-        close = difflib.get_close_matches(bare, known, n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        hint = did_you_mean(bare, known, n=3)
+        hint = f"; {hint}" if hint else ""
         what = kind or "component"
         other = ""
-        if kind is not None and registry.find(args.name):
-            found = sorted({s.kind for s in registry.find(args.name)})
-            other = f" (there is {_article(found[0])} {' and '.join(found)} of that name: drop --kind)"
+        found = sorted({s.kind for s in registry.find(args.name)}) if kind is not None else []
+        if found:
+            other = f" (there is {article(found[0])} {' and '.join(found)} of that name: drop --kind)"
+        disabled = next((h for slot in slots if (h := registry.disabled_hint(slot, bare))), "")
         raise UnknownComponentError(
-            f"unknown {what} {bare!r}{hint}{other} (installed: {', '.join(known) or 'none'})"
-            f"{registry.disabled_hint(slots[0], bare) if len(slots) == 1 else _disabled_hint_any(registry, bare)}")
+            f"unknown {what} {bare!r}{hint}{other} (installed: {', '.join(known) or 'none'}){disabled}")
     entries = [component_info(spec, registry) for spec in specs]
     if args.json:
         print(json.dumps(entries, indent=2, sort_keys=True, default=str))
@@ -132,26 +131,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
-
-
-def _disabled_hint_any(registry: Any, bare: str) -> str:
-    return registry.disabled_hint("scorer", bare) or registry.disabled_hint("actuator", bare)
-
-
 def component_info(spec: Any, registry: Any) -> dict[str, Any]:
     """Everything ``dataflex info`` shows about one registered component (imports its class)."""
     import inspect
 
-    from .components import MECHANISM_KIND
     from .registry import SLOT
 
     cls = spec.load()
     doc = inspect.cleandoc(cls.__doc__ or "")
     params = []
     for name, p in cls.params.items():
-        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        types = p.types
         params.append({
             "name": name, "type": " or ".join("None" if t is type(None) else t.__name__ for t in types),
             "required": p.required, "default": None if p.required else _plain(p.default),
@@ -167,7 +157,7 @@ def component_info(spec: Any, registry: Any) -> dict[str, Any]:
     if spec.kind == "scorer":
         info.update(timing=cls.timing, granularity=cls.granularity)
     else:
-        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        mechanism = KIND_MECHANISM[spec.kind]
         info.update(mechanism=mechanism, min_timing=cls.min_timing, accepts=list(cls.accepts))
     info["events"] = _events(spec.kind, cls)
     block, valid = _example_block(spec, cls, registry)
@@ -230,7 +220,7 @@ def _example_params(cls: Any) -> dict[str, Any]:
         if not p.required:
             out[name] = _plain(p.default)
             continue
-        types = p.type if isinstance(p.type, tuple) else (p.type,)
+        types = p.types
         if p.choices:
             value: Any = p.choices[0]
         elif bool in types:
@@ -251,10 +241,9 @@ def _example_params(cls: Any) -> dict[str, Any]:
 
 def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], bool]:
     """A ``dataflex`` block using the component with a fitting partner that passes validation."""
-    from .components import MECHANISM_KIND
     from .errors import DataflexError
-    from .pipeline import validate
     from .registry import SLOT
+    from .validation import validate
 
     def ref(s: Any, c: Any) -> dict[str, Any]:
         ambiguous = len(registry.find(s.name, [SLOT[s.kind]])) > 1
@@ -264,7 +253,7 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
     if spec.kind == "scorer":
         options = [(m, a) for m in mechanisms for a in registry.specs if a.kind == MECHANISM_KIND[m]]
     else:
-        mechanism = next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+        mechanism = KIND_MECHANISM[spec.kind]
         options = [(mechanism, s) for s in registry.specs if s.kind == "scorer"]
     loaded = []
     for mechanism, partner in options:
@@ -297,7 +286,7 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
     if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
         mechanism, partner, p_cls = ranked[0]
         return make(mechanism, ref(partner, p_cls)), False
-    mechanism = "select" if spec.kind == "scorer" else next(m for m, k in MECHANISM_KIND.items() if k == spec.kind)
+    mechanism = "select" if spec.kind == "scorer" else KIND_MECHANISM[spec.kind]
     return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
 
 

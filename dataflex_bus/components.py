@@ -36,6 +36,7 @@ GRANULARITIES = ("prompt", "response", "token", "domain")
 KINDS = ("scorer", "selector", "reweighter", "mixer")
 #: Which actuator kind serves each mechanism.
 MECHANISM_KIND = {"select": "selector", "reweight": "reweighter", "mix": "mixer"}
+KIND_MECHANISM = {kind: mechanism for mechanism, kind in MECHANISM_KIND.items()}
 
 def resolve_params(
     cls: type[Component], given: Mapping[str, Any], key: str = "params"

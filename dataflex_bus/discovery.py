@@ -45,6 +45,7 @@ from .registry import (
     local_specs,
     normalize_name,
 )
+from .schema import did_you_mean
 
 ENTRY_POINT_GROUP = "dataflex"
 ENV_LOAD = "DATAFLEX_LOAD_PLUGINS"
@@ -188,10 +189,15 @@ def _dist_of(ep: Any) -> tuple[str | None, str | None]:
     return (dist.metadata["Name"], dist.version) if dist is not None else (None, None)
 
 
+def plugin_key(distribution: str | None, name: str) -> str:
+    """``distribution:entry-point name``: one plugin, whatever its distribution's spelling."""
+    return f"{normalize_name(distribution or '')}:{name}"
+
+
 def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
     dist_name, version = _dist_of(ep)
     record = PluginRecord(ep.name, dist_name, version, ACTIVE)
-    key = f"{normalize_name(dist_name or '')}:{ep.name}"
+    key = plugin_key(dist_name, ep.name)
     if debug_mode():
         # Flushed before the import: if the plugin ends the process (os._exit), this is the last line.
         sys.stderr.write(f"dataflex: loading plugin {ep.name!r} ({record.pin})\n")
@@ -249,12 +255,10 @@ class _Plan:
 def _env_entry_warnings(var: str, wanted: set[str] | None, known: set[str]) -> list[str]:
     if not wanted:
         return []
-    import difflib
-
     out = []
     for name in sorted(wanted - known):
-        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        hint = did_you_mean(name, sorted(known), n=3)
+        hint = f"; {hint}" if hint else ""
         out.append(f"{var} entry {name!r} names no installed plugin or distribution{hint} "
                    f"(installed: {', '.join(sorted(known)) or 'none'})")
     return out
@@ -314,7 +318,7 @@ def discover(*, strict: bool | None = None) -> PluginSet:
     return PluginSet(records, pm, plan.warnings, probes)
 
 
-# ---------------------------------------------------------------------------- plugins --check
+# ---------------------------------------------------------------------------- the process-wide plugin set
 _CACHE: PluginSet | None = None
 
 

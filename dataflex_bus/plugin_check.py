@@ -11,9 +11,18 @@ import os
 import sys
 from typing import Any
 
-from .discovery import DISABLED, ENV_STRICT, FAILED, PluginRecord, _dist_of, _load_one, _plan, new_plugin_manager
+from .discovery import (
+    DISABLED,
+    ENV_STRICT,
+    FAILED,
+    PluginRecord,
+    _dist_of,
+    _load_one,
+    _plan,
+    new_plugin_manager,
+    plugin_key,
+)
 from .errors import DataflexError, PluginLoadError
-from .registry import normalize_name
 
 _CHECK_SKIP = "_DATAFLEX_CHECK_SKIP"  # set by check_plugins for its child: plugins/components not to touch
 
@@ -34,7 +43,7 @@ def _check_child(progress: str) -> None:
         pm = new_plugin_manager()
         for ep, variable, reason in _plan().entries:
             dist_name, version = _dist_of(ep)
-            key = f"{normalize_name(dist_name or '')}:{ep.name}"
+            key = plugin_key(dist_name, ep.name)
             if variable is not None:
                 record = PluginRecord(ep.name, dist_name, version, DISABLED, disabled_by=variable,
                                       disabled_reason=reason)
@@ -107,27 +116,21 @@ def check_plugins(timeout: float = 300.0) -> list[dict[str, Any]]:
             last = events[-1] if events else None
             how = _how_it_ended(returncode, timeout)
             if last is not None and last["event"] == "loading":
-                dead[last["key"]] = {
-                    "name": last["name"], "distribution": last["distribution"], "version": last["version"],
-                    "status": FAILED, "warnings": [], "disabled_by": None, "components": [],
-                    "error": f"the process ended while this plugin was imported and registered: {how}",
-                }
+                dead[last["key"]] = PluginRecord(
+                    last["name"], last["distribution"], last["version"], FAILED,
+                    error=f"the process ended while this plugin was imported and registered: {how}").as_json()
             elif last is not None and last["event"] == "importing":
                 dead_components[last["key"]] = (f"the process ended while importing {last['target']!r}: {how}")
             else:
                 tail = stderr.strip().splitlines()[-5:]
                 raise DataflexError(f"plugins --check: the checking process failed ({how}): "
                                     + (" | ".join(tail) or "no output"))
-    records = []
-    for event in events:
-        if event["event"] == "skipped":
-            records.append(dead[event["key"]])
-        elif event["event"] == "record":
-            records.append(event["record"])
+    keyed = [(e["key"], dead[e["key"]] if e["event"] == "skipped" else e["record"])
+             for e in events if e["event"] in ("skipped", "record")]
     checks = {e["key"]: e["error"] for e in events if e["event"] == "checked"}
     checks.update(dead_components)
-    for record in records:
-        key = f"{normalize_name(record['distribution'] or '')}:{record['name']}"
+    records = [record for _, record in keyed]
+    for key, record in keyed:
         for component in record["components"]:
             error = checks.get(_component_key(key, component["kind"], component["name"]))
             component["check"] = "ok" if error is None else error

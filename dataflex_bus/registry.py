@@ -7,7 +7,6 @@ provider, and resolves qualified names ``distribution:name``.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import re
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .components import KINDS, class_attribute_problems
 from .errors import CollisionError, PluginLoadError, UnknownComponentError
+from .schema import did_you_mean
 
 if TYPE_CHECKING:
     from .components import Component
@@ -35,6 +35,11 @@ def normalize_name(name: str) -> str:
 def debug_mode() -> bool:
     """``DATAFLEX_DEBUG=1``: name each plugin and component module on stderr before importing it."""
     return os.environ.get("DATAFLEX_DEBUG", "").strip().lower() not in {"", "0", "false", "no", "off"}
+
+
+def article(word: str) -> str:
+    """``a`` or ``an`` before ``word`` (a component kind)."""
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 @dataclass
@@ -212,8 +217,8 @@ class Registry:
             swapped = self._swapped_hint(slot, name, key)
             if swapped:
                 raise UnknownComponentError(f"{key}: unknown {slot} {bare!r}{where}: {swapped}")
-            close = difflib.get_close_matches(bare, known, n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = did_you_mean(bare, known, n=3)
+            hint = f"; {hint}" if hint else ""
             raise UnknownComponentError(
                 f"{key}: unknown {slot} {bare!r}{where}{hint} (installed: {', '.join(known) or 'none'})"
                 f"{self.disabled_hint(slot, bare)}"
@@ -235,8 +240,7 @@ class Registry:
         kinds = sorted({s.kind for s in found})
         suffix = f"{slot}.name"
         other_key = key[: -len(suffix)] + f"{other}.name" if key.endswith(suffix) else f"{other}.name"
-        article = "an" if kinds[0][0] in "aeiou" else "a"
-        return (f"that is {article} {' and '.join(kinds)}, which goes under {other_key}; "
+        return (f"that is {article(kinds[0])} {' and '.join(kinds)}, which goes under {other_key}; "
                 f"{slot}s installed: {', '.join(self.names(slot)) or 'none'}")
 
     def disabled_hint(self, slot: str, bare: str) -> str:

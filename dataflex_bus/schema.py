@@ -110,10 +110,10 @@ class Param:
         return items, None
 
 
-def did_you_mean(name: str, known: list[str] | tuple[str, ...]) -> str:
-    """``"did you mean 'x'?"`` for the closest known name, or ``""``."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else ""
+def did_you_mean(name: str, known: list[str] | tuple[str, ...], n: int = 1) -> str:
+    """``"did you mean 'x'?"`` for the closest known name (up to ``n`` of them), or ``""``."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=n, cutoff=0.6)
+    return f"did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 def unknown_key(key: str, name: str, allowed: list[str] | tuple[str, ...], what: str = "key") -> ConfigIssue:
