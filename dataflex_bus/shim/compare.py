@@ -26,7 +26,7 @@ from typing import Any
 from ..config import load_config
 from ..errors import ConfigError, ConfigIssue, DataflexError
 from . import report
-from .config import fingerprint, prepare
+from .config import RunConfig, fingerprint, prepare
 from .files import METRICS, RECORD, RunDirError, check_run_dir, read_metrics
 from .run import run_training
 from .stats import mean_ci, paired_difference
@@ -91,11 +91,14 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
     if not isinstance(record, dict) or record.get("status") != "complete":
         status = record.get("status") if isinstance(record, dict) else None
         raise RunDirError(f"{run_dir}: run is {status!r}, not complete")
-    try:
-        metrics = read_metrics(run_dir / METRICS)
-    except ValueError as exc:
-        raise RunDataError(f"{run_dir}: {METRICS} is not JSON lines ({exc})") from exc
-    return record, metrics
+    return record, read_metrics(run_dir / METRICS)
+
+
+def _seed(run_dir: Path, record: Mapping[str, Any]) -> int:
+    seed = record.get("seed")
+    if not isinstance(seed, int):
+        raise RunDataError(f"{run_dir}: {RECORD} has no integer 'seed' (got {seed!r})")
+    return seed
 
 
 def _step(line: Mapping[str, Any]) -> str:
@@ -140,10 +143,7 @@ def load_curve(run_dir: Path, metric: str) -> RunCurve:
             raise RunDataError(f"{run_dir}: '{COUNTERS['generated_rollouts']}' decreases at step {_step(m)} "
                                "(a cumulative counter)")
         points.append(Reading(_number(run_dir, m, metric, "the compared metric"), float(m.get("step", 0)), budget))
-    seed = record.get("seed")
-    if not isinstance(seed, int):
-        raise RunDataError(f"{run_dir}: {RECORD} has no integer 'seed' (got {seed!r})")
-    return RunCurve(run_dir, seed, tuple(record.get("domains") or ()), tuple(points), tuple(metrics))
+    return RunCurve(run_dir, _seed(run_dir, record), tuple(record.get("domains") or ()), tuple(points), tuple(metrics))
 
 
 def read_at_rollouts(curve: RunCurve, rollouts: float, reading: str = "linear") -> Reading | None:
@@ -238,9 +238,8 @@ class _Input:
     label: str
     source: str
     runs: dict[int, Path]
-    #: for a config input: the raw config and the resolved config of each seed
-    config: dict[str, Any] | None = None
-    resolved: dict[int, dict[str, Any]] | None = None
+    #: for a config input: the checked config of each seed
+    prepared: dict[int, RunConfig] | None = None
 
 
 def _runs_in_dir(path: Path) -> dict[int, Path]:
@@ -248,10 +247,7 @@ def _runs_in_dir(path: Path) -> dict[int, Path]:
     found: dict[int, Path] = {}
     single = (path / RECORD).exists()
     for child in [path] if single else sorted(p for p in path.iterdir() if (p / RECORD).exists()):
-        record, _ = read_run(child)
-        seed = record.get("seed")
-        if not isinstance(seed, int):
-            raise RunDataError(f"{child}: {RECORD} has no integer 'seed' (got {seed!r})")
+        seed = _seed(child, read_run(child)[0])
         if seed in found:
             raise RunDirError(f"{path}: {found[seed].name} and {child.name} both hold seed {seed}")
         found[seed] = child
@@ -300,10 +296,12 @@ def _plan(args: argparse.Namespace, out: Path) -> list[_Input]:
             inputs.append(_Input(label, item, runs))
             continue
         config = load_config(path)
-        base = prepare(config, steps=args.steps).resolved
-        resolved = {seed: prepare(config, steps=args.steps, seed=seed).resolved
-                    for seed in (args.seeds or [base["trainer"]["seed"]])}
-        inputs.append(_Input(label, item, {s: out / label / f"seed{s}" for s in resolved}, config, resolved))
+        if args.seeds:
+            prepared = {seed: prepare(config, steps=args.steps, seed=seed) for seed in args.seeds}
+        else:
+            base = prepare(config, steps=args.steps)
+            prepared = {base.resolved["trainer"]["seed"]: base}
+        inputs.append(_Input(label, item, {s: out / label / f"seed{s}" for s in prepared}, prepared))
     seeds_of = {i.label: list(i.runs) for i in inputs}
     if len({frozenset(v) for v in seeds_of.values()}) > 1:
         found = ", ".join(f"{label}: {seeds}" for label, seeds in seeds_of.items())
@@ -336,22 +334,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if earlier and not args.force:
         raise RunDirError(f"{out} already holds a comparison ({', '.join(earlier)}); use --force to replace it "
                           "(finished runs with the same config are still reused)")
-    todo = [(i, seed) for i in inputs if i.resolved is not None for seed in i.runs
-            if not _reusable(i.runs[seed], i.resolved[seed])]
+    todo = [(i, seed) for i in inputs if i.prepared is not None for seed in i.runs
+            if not _reusable(i.runs[seed], i.prepared[seed].resolved)]
     for i, seed in todo:
         check_run_dir(i.runs[seed], force=args.force)
     # Runs that already exist are checked for the metric and counters before anything trains.
     pending = {(i.label, seed) for i, seed in todo}
-    for i in inputs:
-        for seed, run_dir in i.runs.items():
-            if (i.label, seed) not in pending:
-                load_curve(run_dir, args.metric)
+    read = {(i.label, seed): load_curve(run_dir, args.metric)
+            for i in inputs for seed, run_dir in i.runs.items() if (i.label, seed) not in pending}
     for i, seed in todo:
         if not args.no_progress:
             print(f"{i.label} seed {seed}:", file=sys.stderr)
-        run_training(i.config or {}, steps=args.steps, seed=seed, out=i.runs[seed], progress=not args.no_progress)
+        assert i.prepared is not None
+        run_training(i.prepared[seed], out=i.runs[seed], progress=not args.no_progress)
 
-    curves = {i.label: [load_curve(i.runs[s], args.metric) for s in i.runs] for i in inputs}
+    curves = {i.label: [read.get((i.label, s)) or load_curve(i.runs[s], args.metric) for s in i.runs]
+              for i in inputs}
     summary = analyse(curves, baseline=baseline, metric=args.metric, reading=args.budget_reading)
     domains: list[str] = []
     for runs in curves.values():
