@@ -21,7 +21,7 @@ from ..config import load_config
 from ..errors import ConfigError, ConfigIssue, PluginRuntimeError
 from . import report
 from .config import prepare
-from .files import CHECKPOINT, PLOT, RunDirError, make_run_dir, run_dir_lock
+from .files import CHECKPOINT, PLOT, claimed_run_dir
 from .run import run_training
 
 
@@ -75,11 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    if args.resume and not out.is_dir():
-        raise RunDirError(f"{out}: no run to resume (no such directory)")
-    make_run_dir(out)
     # The lock covers the plot too: a second run must not replace files while this one finishes.
-    with run_dir_lock(out), _sigterm_interrupts():
+    with claimed_run_dir(out, resume=args.resume), _sigterm_interrupts():
         try:
             result = run_training(prepared, out=out, resume=args.resume, force=args.force,
                                   progress=not args.no_progress)

@@ -283,6 +283,16 @@ def _holder(path: Path) -> str:
 
 
 @contextmanager
+def claimed_run_dir(out: Path, *, resume: bool = False) -> Iterator[None]:
+    """Create the run directory ``out`` (or, to resume, require it) and hold its lock for the duration."""
+    if resume and not out.is_dir():
+        raise RunDirError(f"{out}: no run to resume (no such directory)")
+    make_run_dir(out)
+    with run_dir_lock(out):
+        yield
+
+
+@contextmanager
 def run_dir_lock(out: Path) -> Iterator[None]:
     """Hold an exclusive lock on the run directory ``out`` (which must exist) for the duration.
 

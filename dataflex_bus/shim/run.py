@@ -33,12 +33,11 @@ from .files import (
     RunDirError,
     check_run_dir,
     check_writable,
+    claimed_run_dir,
     io_error,
     load_checkpoint,
-    make_run_dir,
     metrics_line,
     read_metrics,
-    run_dir_lock,
     save_checkpoint,
     write_json,
     write_json_in_place,
@@ -89,10 +88,7 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
     runtime = Runtime(prepared.method, context=host_context(resolved), check_writes=True)
     if out_dir is None:
         return _with_threads(resolved, lambda: _train(resolved, runtime, None, None, progress))
-    if resume and not out_dir.is_dir():
-        raise RunDirError(f"{out_dir}: no run to resume (no such directory)")
-    make_run_dir(out_dir)
-    with run_dir_lock(out_dir):
+    with claimed_run_dir(out_dir, resume=resume):
         if not resume:
             check_run_dir(out_dir, force=force)
         check_writable(out_dir)
