@@ -9,29 +9,16 @@ they are never drawn.
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from ..history import PromptTable
 from .split import Split
-from .tasks import Prompts
 
 #: What a user would set to give prompts stable ids (named in errors about ids).
 ID_COLUMN = "prompt row (domain, level, digits)"
 
 
-def split_sizes(split: Split) -> list[int]:
-    """Number of training prompts of each domain, in the split's domain order."""
-    return split.domain_train_sizes()
-
-
-def prompt_rows(split: Split, prompts: Prompts) -> Tensor:
-    """Long ``[N]``: each prompt's row in its domain's training prompts."""
-    return split.train_rows(prompts)
-
-
 def prompt_table(split: Split) -> PromptTable:
     """Every training prompt of the split's domains (ids into its names are the shim's domain ids)."""
-    return PromptTable.full(split.names, split_sizes(split), column=ID_COLUMN)
+    return PromptTable.full(split.names, split.domain_train_sizes(), column=ID_COLUMN)
 
 
-__all__ = ["ID_COLUMN", "prompt_rows", "prompt_table", "split_sizes"]
+__all__ = ["ID_COLUMN", "prompt_table"]

@@ -46,9 +46,9 @@ from .config import diff, fingerprint
 from .files import CheckpointError
 from .losses import low_var_kl, policy_loss, token_mean
 from .policy import TinyPolicy, generate, pretrain, token_log_probs
-from .prompt_ids import prompt_rows, prompt_table
+from .prompt_ids import prompt_table
 from .split import Split
-from .tasks import TASKS, Prompts, exact_match, vocab_size, zero_signal_fraction
+from .tasks import Prompts, exact_match, vocab_size, zero_signal_fraction
 
 FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
@@ -107,7 +107,6 @@ class ShimTrainer:
         t, m = resolved["trainer"], resolved["model"]
         self.t = t
         self.domains: list[str] = list(resolved["data"]["domains"])
-        self.learnable = torch.tensor([TASKS[d].learnable for d in self.domains])
         seed = t["seed"]
         self.gens = {name: _generator(m["seed"] if name in _BASE_GENERATORS else seed, name)
                      for name in _GENERATORS}
@@ -174,7 +173,7 @@ class ShimTrainer:
         drawn: list[Prompts] = []
         while (n := fill.request()) > 0:
             candidates = self._draw(probs, n)
-            batch = runtime.prompt_candidates(candidates.domains, prompt_rows(self.split, candidates), self.domains)
+            batch = runtime.prompt_candidates(candidates.domains, self.split.train_rows(candidates), self.domains)
             decision = runtime.emit("on_prompts", batch, step)
             metrics.update(decision.metrics)
             fill.add(carry_out_prompts(batch, decision), batch)
@@ -191,7 +190,7 @@ class ShimTrainer:
         for name, count, mean in zip(self.domains, rows.tolist(), means.tolist()):
             if count:
                 metrics[f"reward/{name}"] = mean
-        learn = self.learnable[batch.domain_index]
+        learn = self.split.learnable[batch.domain_index]
         if bool(learn.any()):
             metrics["reward/learnable"] = float(rewards[learn].double().mean())
         metrics["response/length_mean"] = float(batch.lengths.double().mean())
@@ -204,8 +203,9 @@ class ShimTrainer:
         rows = prompts.repeat(n)
         extra = {}
         if self.runtime.needs_prompt_ids:
+            # One lookup per prompt, repeated like its rows (a group is contiguous).
             extra["prompt_index"] = self.runtime.prompt_table.lookup(  # type: ignore[union-attr]
-                rows.domains, prompt_rows(self.split, rows))
+                prompts.domains, self.split.train_rows(prompts)).repeat_interleave(n)
         self.policy.eval()
         responses, response_mask, rollout_lp = generate(self.policy, rows.tokens, t["temperature"],
                                                         self.gens["rollout"])
