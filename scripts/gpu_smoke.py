@@ -335,7 +335,7 @@ def check_off_off(off: Metrics, off2: Metrics, steps: Sequence[int], *, rtol: fl
     bad = compare_steps(off, off2, steps, rtol=rtol, atol=atol)
     if bad:
         return Check("off/off control", False, f"{len(bad)} metric(s) differ: {'; '.join(bad[:4])}")
-    noise = max(abs(_get(off, s, "actor/pg_loss", "off") - _get(off2, s, "actor/pg_loss", "off2")) for s in steps)
+    noise = max(pg_loss_noise(off, off2, s) for s in steps)
     return Check("off/off control", True, f"agree on steps {list(steps)}; pg_loss noise {noise:.3g}")
 
 

@@ -23,9 +23,9 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 #: ``filter_groups_metric`` that switches verl's DAPO path on when dataflex decides the evictions.
 DATAFLEX_METRIC = "dataflex"
-#: What the trainer does with newly finished groups: ``(uids, trajectory keys, tags, partition)`` -> the
-#: uids to evict (``None``: evict nothing, verl's own classification applies).
-OnFinished = Callable[[list[str], list[str], list[dict[str, Any]], str], "set[str] | None"]
+#: What the trainer does with newly finished groups: ``(trajectory keys, tags, partition)`` -> the uids
+#: to evict (``None``: evict nothing, verl's own classification applies).
+OnFinished = Callable[[list[str], list[dict[str, Any]], str], "set[str] | None"]
 
 
 class DataflexReplayBuffer(ReplayBuffer):
@@ -64,7 +64,7 @@ class DataflexReplayBuffer(ReplayBuffer):
             wanted = set(new)
             keys = [k for k in self.partitions[partition_id] if k.split("_")[0] in wanted]
             tags = [self.partitions[partition_id][k] for k in keys]
-            dropped = self.on_finished(new, keys, tags, partition_id)
+            dropped = self.on_finished(keys, tags, partition_id)
             seen.update(new)
             if dropped is not None:
                 evict.update(dropped)

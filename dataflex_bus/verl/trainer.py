@@ -79,8 +79,8 @@ from ..decision import (
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..history import PromptTable
 from ..runtime import Runtime
-from . import TRAINER_MODES
 from .buffer import DATAFLEX_METRIC, DataflexReplayBuffer
+from .guard import DATAFLEX_MODE_FOR
 from .sampler import DomainSampler
 from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
@@ -349,10 +349,12 @@ class DataflexTrainer(PPOTrainer):
             fields |= {"loss_mask", "advantages"}
         return fields
 
-    def _read(self, event: str, meta: KVBatchMeta, extra_fields: Iterable[str] = ()) -> tuple[Batch, TensorDict]:
+    def _read(self, event: str, meta: KVBatchMeta, extra_fields: Iterable[str] = (), *,
+              emits: bool = True) -> tuple[Batch, TensorDict]:
         """The batch of ``meta`` at ``event`` from TQ, and the fetched TensorDict (whose nested
-        ``response_mask`` gives the row lengths for writing back)."""
-        fields = self._event_fields(event) | set(extra_fields)
+        ``response_mask`` gives the row lengths for writing back). ``emits=False``: no event is emitted on
+        the batch (metrics, history), so only the base fields are fetched, not what the methods read."""
+        fields = (self._event_fields(event) if emits else {*BASE_FIELDS, self.domain_key}) | set(extra_fields)
         data = fetch(meta, fields)
         if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
             raise BatchFieldError("dataflex verl adapter", ",".join(sorted(fields)),
@@ -379,7 +381,7 @@ class DataflexTrainer(PPOTrainer):
         batch = super()._balance_batch(batch, metrics, *args, **kwargs)
         # What old-log-prob, reference, critic and actor compute will run on: verl pads the kept rows
         # back to a multiple of lcm(dp, ppo_mini_batch_size * n) with synthetic 128-token rows.
-        padding = sum(bool(tag.get("is_padding", False)) for tag in batch.tags)
+        padding = int(padding_flags(batch.tags).sum())
         metrics["dataflex/compute/rows_after_padding"] = float(len(batch))
         metrics["dataflex/compute/padding_rows"] = float(padding)
         metrics["dataflex/compute/tokens_after_padding"] = float(sum(int(tag.get("seq_len", 0)) for tag in batch.tags))
@@ -393,19 +395,19 @@ class DataflexTrainer(PPOTrainer):
     def _on_rollout(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         metrics.update(self._event_metrics)
         self._event_metrics = {}
-        if self.dataflex.refill is not None:
-            # The buffer already ran on_rollout on every finished group and evicted what it dropped.
-            batch, _ = self._read("on_rollout", meta)
-            self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
-            metrics.update(rollout_metrics(batch))
-            return meta
-        history_here = self.dataflex.keeps_history and not self._buffer_sees_rollouts
-        batch, data = self._read("on_rollout", meta, ["index"] if history_here else [])
+        # With refill, the buffer already ran on_rollout (and the history) on every finished group and
+        # evicted what it dropped: here only the metrics are left.
+        refill = self.dataflex.refill is not None
+        history_here = not refill and self.dataflex.keeps_history and not self._buffer_sees_rollouts
+        batch, data = self._read("on_rollout", meta, ["index"] if history_here else [], emits=not refill)
         # Rewards are final here; remembered by key for the trained-only metrics after the advantage.
         self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
+        if refill:
+            metrics.update(rollout_metrics(batch))
+            return meta
         if history_here:
-            batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
-            metrics.update(self.dataflex.record_rollouts(batch, self._step_index()))
+            batch, recorded = self._record_history(batch, data)
+            metrics.update(recorded)
         decision = self.dataflex.emit("on_rollout", batch, self._step_index())
         metrics.update(rollout_metrics(batch))
         metrics.update(decision.metrics)
@@ -422,30 +424,37 @@ class DataflexTrainer(PPOTrainer):
 
     # ------------------------------------------------------------------ prompt ids, selection, history
     def _prompt_index(self, data: TensorDict, batch: Batch) -> torch.Tensor:
-        """Dense prompt index per trajectory, from its ``data_source`` and ``index`` (extra_info.index)."""
+        """Dense prompt index per trajectory, from its ``data_source`` and ``index`` (extra_info.index);
+        0 on padding rows, which are never looked up."""
         table = self.dataflex.prompt_table
         assert table is not None
-        labels = [getattr(x, "data", x) for x in data[self.domain_key]]
-        index = [getattr(x, "data", x) for x in data["index"]]
-        real = batch.valid_rows.tolist()
-        rows = torch.tensor([int(i) if ok else 0 for i, ok in zip(index, real)], dtype=torch.long)
-        names = [label if ok else table.domains[0] for label, ok in zip(labels, real)]
-        return torch.where(batch.valid_rows, table.lookup_labels(names, rows), 0)
+        valid = batch.valid_rows
+        flags = valid.tolist()
+        names = list(itertools.compress(labels_of(data[self.domain_key]), flags))
+        rows = torch.tensor([int(i) for i in itertools.compress(labels_of(data["index"]), flags)], dtype=torch.long)
+        out = torch.zeros(len(flags), dtype=torch.long)
+        out[valid] = table.lookup_labels(names, rows)
+        return out
 
-    def _on_finished(self, uids: list[str], keys: list[str], tags: list[dict[str, Any]],
-                     partition: str) -> set[str] | None:
+    def _record_history(self, batch: Batch, data: TensorDict) -> tuple[Batch, dict[str, float]]:
+        """The batch with its prompt ids, and the history's metrics after recording its groups."""
+        batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
+        return batch, self.dataflex.record_rollouts(batch, self._step_index())
+
+    def _on_finished(self, keys: list[str], tags: list[dict[str, Any]], partition: str) -> set[str] | None:
         """Newly finished groups, seen by the replay buffer before any eviction: into the history, and
         under ``dataflex.refill`` through on_rollout (the uids it drops are evicted and refilled)."""
         if not keys:
             return None
         meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
-        batch, data = self._read("on_rollout", meta, ["index"] if self.dataflex.keeps_history else [])
+        refill = self.dataflex.refill is not None
+        batch, data = self._read("on_rollout", meta, ["index"] if self.dataflex.keeps_history else [], emits=refill)
         step = self._step_index()
         if self.dataflex.keeps_history:
-            batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
-            for key, value in self.dataflex.record_rollouts(batch, step).items():
+            batch, recorded = self._record_history(batch, data)
+            for key, value in recorded.items():
                 self._event_metrics[key] = self._event_metrics.get(key, 0.0) + value
-        if self.dataflex.refill is None:
+        if not refill:
             return None
         decision = self.dataflex.emit("on_rollout", batch, step)
         self._event_metrics.update(decision.metrics)
@@ -485,13 +494,13 @@ class DataflexTrainer(PPOTrainer):
         table = self.dataflex.prompt_table
         assert table is not None
         position = {name: i for i, name in enumerate(table.domains)}
-        labels = [str(getattr(x, "data", x)) for x in chunk[self.domain_key]]
+        labels = [str(x) for x in labels_of(chunk[self.domain_key])]
         unknown = sorted(set(labels) - set(position))
         if unknown:
             raise BatchFieldError("dataflex prompt ids", self.domain_key,
                                   f"domain {unknown[0]!r} is not in the training dataset's prompt table")
         ids = torch.tensor([position[label] for label in labels], dtype=torch.long)
-        rows = torch.tensor([int(getattr(x, "data", x)) for x in chunk["index"]], dtype=torch.long)
+        rows = torch.tensor([int(x) for x in labels_of(chunk["index"])], dtype=torch.long)
         return ids, rows
 
     def _next_train_batch(self, num_prompts: int | None = None) -> TensorDict:
@@ -762,7 +771,5 @@ class DataflexSeparateAsyncTrainer(DataflexTrainer, PPOTrainerSeparateAsync):
     verl_mode = "separate_async"
 
 
-_BY_VERL_MODE = {cls.verl_mode: cls for cls in (DataflexSyncTrainer, DataflexColocateAsyncTrainer,
-                                                 DataflexSeparateAsyncTrainer)}
-for _name, _verl_mode in TRAINER_MODES.items():
-    register_trainer(_name)(_BY_VERL_MODE[_verl_mode])
+for _cls in (DataflexSyncTrainer, DataflexColocateAsyncTrainer, DataflexSeparateAsyncTrainer):
+    register_trainer(DATAFLEX_MODE_FOR[_cls.verl_mode])(_cls)

@@ -167,3 +167,21 @@ def test_rows_without_an_index_are_refused_naming_the_column():
         dataset_prompt_table(Frame([row("a", 1, "x"), row("a", 1, "y")]), "data_source")
     with pytest.raises(ConfigError, match=r"dataflex\.domain_key"):
         dataset_prompt_table(Frame([row("a", 0)]), "topic")
+
+
+def test_padding_rows_get_prompt_index_zero_and_are_never_looked_up():
+    from types import SimpleNamespace
+
+    from dataflex_bus.batch import Batch
+    from dataflex_bus.history import PromptTable
+    from dataflex_bus.verl.trainer import DataflexTrainer
+
+    # No row 0 in the first domain: a padding row looked up as ("a", 0) would be refused.
+    table = PromptTable.from_labels(["a", "a", "b"], [5, 7, 0], column="extra_info.index")
+    host = SimpleNamespace(dataflex=SimpleNamespace(prompt_table=table), domain_key="data_source")
+    batch = Batch.from_tensors(uid=["g0", "g0", "g1", "pad"], rm_scores=torch.zeros(4, 2),
+                               response_mask=torch.ones(4, 2, dtype=torch.long),
+                               is_padding=[False, False, False, True])
+    data = {"data_source": ["b", "b", "a", "pad"], "index": [0, 0, 7, -1]}
+    index = DataflexTrainer._prompt_index(host, data, batch)  # type: ignore[arg-type]
+    assert index.tolist() == [table.lookup_labels(["b"], torch.tensor([0])).item()] * 2 + [1, 0]
