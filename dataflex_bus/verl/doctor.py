@@ -62,7 +62,6 @@ def compose_main_ppo(overrides: Sequence[str]) -> Any:
 def _block_checks(overrides: Sequence[str], add: Any) -> None:
     """The ``dataflex`` block of ``overrides`` against the trainer ``main_ppo`` would build from them."""
     from ..errors import ConfigError
-    from ..runtime import Runtime
     from .guard import has_block, ignored_issue
 
     try:
@@ -82,11 +81,10 @@ def _block_checks(overrides: Sequence[str], add: Any) -> None:
             "none: " + ("this dataflex mode trains plain GRPO (observers still see the events)" if ours else
                         "plain verl training"))
         return
-    from .trainer import check_host_config, dataflex_block, host_context
+    from .trainer import build_runtime
 
     try:
-        runtime = Runtime(dataflex_block(config), context=host_context(config))
-        check_host_config(config, runtime)
+        runtime = build_runtime(config)
     except ConfigError as exc:
         add("dataflex block", FAIL, str(exc))
         return

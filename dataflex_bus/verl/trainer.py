@@ -113,6 +113,13 @@ def host_context(config: DictConfig) -> dict[str, Any]:
             "rollout_n": int(config.actor_rollout_ref.rollout.n)}
 
 
+def build_runtime(config: DictConfig) -> Runtime:
+    """The runtime of ``config``'s ``dataflex`` block, validated and checked against the verl config."""
+    runtime = Runtime(dataflex_block(config), context=host_context(config))
+    check_host_config(config, runtime)
+    return runtime
+
+
 def check_host_config(config: DictConfig, runtime: Runtime) -> None:
     """Refuse verl settings under which the configured method would silently do nothing.
 
@@ -165,6 +172,13 @@ def check_host_config(config: DictConfig, runtime: Runtime) -> None:
                     "a dataflex selector that drops zero-variance groups will find nothing to drop after it")
 
 
+def check_domain_column(frame: Any, domain_key: str) -> None:
+    """Refuse a training dataset without the ``dataflex.domain_key`` column, listing the columns it has."""
+    if domain_key not in frame.column_names:
+        raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {domain_key!r} is not in the training "
+                                      "dataset", list(frame.column_names)))
+
+
 def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt") -> PromptTable:
     """The training dataset's prompt ids ``(domain_key column, extra_info.index)``, checked once.
 
@@ -173,9 +187,7 @@ def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt"
     sharing an id are accepted only when their prompts are identical (a repeated prompt is one prompt).
     """
     columns = list(frame.column_names)
-    if domain_key not in columns:
-        raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {domain_key!r} is not in the training "
-                                      "dataset", columns))
+    check_domain_column(frame, domain_key)
     n = len(frame)
     infos = frame["extra_info"] if "extra_info" in columns else [None] * n
     missing = [i for i, info in enumerate(infos) if not isinstance(info, Mapping) or info.get("index") is None]
@@ -299,8 +311,7 @@ class DataflexTrainer(PPOTrainer):
 
     def __init__(self, config: DictConfig) -> None:
         # Build (and strictly validate) the method first: errors reach the driver before any worker starts.
-        self.dataflex = Runtime(dataflex_block(config), context=host_context(config))
-        check_host_config(config, self.dataflex)
+        self.dataflex = build_runtime(config)
         self.domain_key = self.dataflex.domain_key
         self.domain_sampler: DomainSampler | None = None
         self._skip_update = False
@@ -673,9 +684,7 @@ class DataflexTrainer(PPOTrainer):
         if not self.dataflex.mixes:
             return
         frame = self.train_dataset.dataframe
-        if self.domain_key not in frame.column_names:
-            raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {self.domain_key!r} is not in the "
-                                          "training dataset", frame.column_names))
+        check_domain_column(frame, self.domain_key)
         seed = self.config.data.get("seed", None)
         self.domain_sampler = DomainSampler(list(frame[self.domain_key]), domains=self.dataflex.configured_domains,
                                             seed=0 if seed is None else int(seed))

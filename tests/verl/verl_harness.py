@@ -48,16 +48,11 @@ def write_dataset(path: Path, domains: dict[str, int]) -> Path:
 
 
 def compose(overrides: list[str]):
-    """verl's ``ppo_trainer`` config composed with Hydra, as ``main_ppo`` does."""
-    import verl.trainer.main_ppo as main_ppo
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """verl's ``ppo_trainer`` config composed with Hydra, as ``main_ppo`` does (``dataflex doctor``'s
+    composition)."""
+    from dataflex_bus.verl.doctor import compose_main_ppo
 
-    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+    return compose_main_ppo(overrides)
 
 
 def base_overrides(data: Path, ckpt: Path, *, steps: int = 2, batch: int = 4, mini: int = 2,
