@@ -291,9 +291,10 @@ def _probe(ep: Any) -> list[ComponentSpec]:
     """What a (disabled, first-party) plugin would register, without registering it anywhere."""
     dist_name, version = _dist_of(ep)
     register = Register(ep.name, dist_name, version)
-    fn = getattr(ep.load(), "dataflex_register", None)
-    if callable(fn):
-        fn(register=register)
+    # A throwaway manager: the hook is called through pluggy, as for a loaded plugin, but registers nowhere.
+    pm = new_plugin_manager()
+    pm.register(ep.load(), name=ep.name)
+    pm.hook.dataflex_register(register=register)
     return register.specs
 
 

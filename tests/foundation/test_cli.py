@@ -122,3 +122,10 @@ def test_version_and_json_schema_via_console_entry():
     report = json.loads(out.stdout)
     assert all(r["status"] == "active" and r["distribution"] == "dataflex-bus" for r in report
                if r["name"] in {"scorers", "select", "reweight", "mix"})
+
+
+def test_the_parsers_kind_choices_are_the_component_kinds():
+    # cli.py repeats them so that building the parser imports nothing; this keeps the copy true.
+    from dataflex_bus import cli, components
+
+    assert cli._KINDS == components.KINDS
