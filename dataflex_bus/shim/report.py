@@ -300,6 +300,7 @@ def compare_table(summary: Mapping[str, Any]) -> str:
     notes += [f"no equal-rollouts reading for {label}: {why}" for label, why in equal.get("unavailable", {}).items()]
     return format_table(rows, columns) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
+
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     """A plain Markdown table (also readable in a terminal)."""
 
