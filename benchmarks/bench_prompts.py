@@ -29,7 +29,7 @@ import torch
 from bench_methods import fresh_batch, timeit_pair
 
 from dataflex_bus.batch import Batch
-from dataflex_bus.decision import carry_out_prompts
+from dataflex_bus.carry import carry_out_prompts
 from dataflex_bus.history import PromptTable
 from dataflex_bus.pipeline import build_pipeline
 from dataflex_bus.runtime import Runtime

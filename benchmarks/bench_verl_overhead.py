@@ -77,7 +77,9 @@ def trainer_for(block: dict[str, Any], n: int, mini: int) -> Any:
     """The adapter as verl runs it, without verl's GPU set-up (the attributes its hooks read)."""
     from omegaconf import OmegaConf
 
+    from dataflex_bus.host import ANY_HOST
     from dataflex_bus.runtime import Runtime
+    from dataflex_bus.steps import StepKit
     from dataflex_bus.verl.trainer import DataflexSyncTrainer
 
     t = object.__new__(DataflexSyncTrainer)
@@ -85,7 +87,8 @@ def trainer_for(block: dict[str, Any], n: int, mini: int) -> Any:
         "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini, "shuffle": False, "ppo_epochs": 1,
                                         "data_loader_seed": 42}, "rollout": {"n": n}},
         "trainer": {"critic_warmup": 0}})
-    t.dataflex = Runtime(block, context={"adv_estimator": "grpo", "rollout_n": n})
+    t.dataflex = Runtime(block, host=ANY_HOST.replace(name="verl", adv_estimator="grpo", group_size=n))
+    t.kit, t._step = StepKit(t.dataflex), None
     t.domain_key = "data_source"
     t.global_steps, t._skip_update, t._empty_blocks_seen, t._rewards = 1, False, 0, {}
     t.use_critic = False
@@ -128,9 +131,9 @@ def bench_method(tq: Any, name: str, keys: list[str], fields: list[dict[str, Any
         return real[2](keys=keys, partition_id=partition_id)
 
     steps = {
-        "on_rollout": lambda: t._on_rollout(meta, {}),
-        "on_advantage": lambda: t._on_advantage(meta, {}),
-        "on_step_end": lambda: t._on_step_end(meta, {}),
+        "on_rollout": lambda: t._on_rollout(meta),
+        "on_advantage": lambda: t._on_advantage(meta),
+        "on_step_end": lambda: t._end_step(meta),
     }
     adapter.fetch, adapter.put = rec_fetch, rec_put
     adapter.tq.kv_clear = rec_clear

@@ -23,10 +23,10 @@ _EXPORTS = {
     "Reweighter": "components",
     "Reweighting": "components",
     "Mixer": "components",
-    "register_scorer": "components",
-    "register_selector": "components",
-    "register_reweighter": "components",
-    "register_mixer": "components",
+    "register_scorer": "registry",
+    "register_selector": "registry",
+    "register_reweighter": "registry",
+    "register_mixer": "registry",
     "DataflexConfig": "block",
     "MethodConfig": "block",
     "load_config": "config",
@@ -63,15 +63,12 @@ if TYPE_CHECKING:
         Scorer,
         Selection,
         Selector,
-        register_mixer,
-        register_reweighter,
-        register_scorer,
-        register_selector,
     )
     from .config import apply_overrides, load_config
     from .decision import Decision
     from .discovery import get_plugins, reset_plugins
     from .method import Method
     from .pipeline import Pipeline, build_component, build_pipeline
+    from .registry import register_mixer, register_reweighter, register_scorer, register_selector
     from .runtime import Runtime
     from .validation import validate

@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .components import MECHANISM_KIND
 from .errors import ConfigError, ConfigIssue
-from .schema import Param, check_section
+from .mechanisms import mechanism_names
+from .schema import Param, check_section, did_you_mean
 
 if TYPE_CHECKING:
-    from .validation import Resolved
+    from .registry import ComponentSpec
 
 EMPTY_POLICIES = ("skip", "keep_all", "error")
 NONFINITE_POLICIES = ("error", "drop")
@@ -39,7 +39,8 @@ NONFINITE_POLICIES = ("error", "drop")
 METHOD_KEYS: dict[str, Param] = {
     "name": Param((str, type(None)), None, nonempty=True,
                   doc="unique name in a stack (default <mechanism>:<actuator>); namespaces its metrics"),
-    "mechanism": Param(str, choices=tuple(MECHANISM_KIND), doc="what the actuator does"),
+    # Checked against the mechanism registry when parsed (a registered mechanism is valid at once).
+    "mechanism": Param(str, doc="what the actuator does: a registered mechanism (dataflex_bus.mechanisms)"),
     "warmup_step": Param(int, 0, low=0, doc="steps before the actuator acts (mixers still gather statistics)"),
     "update_step": Param(int, 1, low=1, doc="a mixer recomputes its probabilities every update_step steps"),
     "on_empty": Param(str, "skip", choices=EMPTY_POLICIES,
@@ -94,6 +95,17 @@ class ComponentRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "params": dict(self.params)}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What validation found for one method: the providing specs, checked parameters and the event."""
+
+    scorer: ComponentSpec
+    actuator: ComponentSpec
+    scorer_params: dict[str, Any]
+    actuator_params: dict[str, Any]
+    event: str
 
 
 @dataclass(frozen=True)
@@ -274,6 +286,10 @@ def _parse_method(raw: Any, key: str, issues: list[ConfigIssue]) -> MethodConfig
         return None
     before = len(issues)
     values = check_section(raw, METHOD_KEYS, key, issues, extra=_SLOTS)
+    names = mechanism_names()
+    if isinstance(values.get("mechanism"), str) and values["mechanism"] not in names:
+        issues.append(ConfigIssue(f"{key}.mechanism", f"expected str: one of {', '.join(map(repr, names))}, got "
+                                  f"{values['mechanism']!r}", names, hint=did_you_mean(values["mechanism"], names)))
     refs = {slot: _parse_ref(raw.get(slot), f"{key}.{slot}", issues) for slot in _SLOTS}
     mechanism_ok = not any(i.key == f"{key}.mechanism" for i in issues[before:])
     if not mechanism_ok or refs["scorer"] is None or refs["actuator"] is None:

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from .components import KIND_MECHANISM, KINDS, MECHANISM_KIND
+from .mechanisms import component_kinds, for_kind, mechanisms
 
 
 def plugins_report() -> list[dict[str, Any]]:
@@ -98,16 +98,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from .discovery import get_plugins
     from .errors import UnknownComponentError
-    from .registry import SLOT, article
+    from .registry import article, slot_of
     from .schema import did_you_mean
 
     registry = get_plugins().registry()
     kind = args.kind
-    slots = ["scorer", "actuator"] if kind is None else [SLOT.get(kind, kind)]
+    slots = ["scorer", "actuator"] if kind is None else [slot_of(kind)]
     specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
     if not specs:
         bare = args.name.rpartition(":")[2]
-        kinds = [kind] if kind in KINDS else None
+        kinds = [kind] if kind in component_kinds() else None
         known = sorted({n for slot in slots for n in registry.names(slot, kinds)})
         hint = did_you_mean(bare, known, n=3)
         hint = f"; {hint}" if hint else ""
@@ -135,7 +135,7 @@ def component_info(spec: Any, registry: Any) -> dict[str, Any]:
     """Everything ``dataflex info`` shows about one registered component (imports its class)."""
     import inspect
 
-    from .registry import SLOT
+    from .registry import slot_of
 
     cls = spec.load()
     doc = inspect.cleandoc(cls.__doc__ or "")
@@ -149,7 +149,7 @@ def component_info(spec: Any, registry: Any) -> dict[str, Any]:
             "choices": None if p.choices is None else list(p.choices), "doc": p.doc,
         })
     info: dict[str, Any] = {
-        "name": spec.name, "kind": spec.kind, "slot": SLOT[spec.kind], "qualified_name": spec.qualified_name,
+        "name": spec.name, "kind": spec.kind, "slot": slot_of(spec.kind), "qualified_name": spec.qualified_name,
         "plugin": spec.plugin, "provider": spec.pin, "target": spec.target_text,
         "summary": spec.summary or (doc.splitlines()[0] if doc else ""), "doc": doc,
         "parameters": params, "requires": list(cls.requires), "needs_groups": bool(cls.needs_groups),
@@ -157,11 +157,11 @@ def component_info(spec: Any, registry: Any) -> dict[str, Any]:
     if spec.kind == "scorer":
         info.update(timing=cls.timing, granularity=cls.granularity)
     else:
-        mechanism = KIND_MECHANISM[spec.kind]
+        mechanism = for_kind(spec.kind).name
         info.update(mechanism=mechanism, min_timing=cls.min_timing, accepts=list(cls.accepts))
     info["events"] = _events(spec.kind, cls)
     block, valid = _example_block(spec, cls, registry)
-    info["example"] = _yaml_block(block, cls, SLOT[spec.kind])
+    info["example"] = _yaml_block(block, cls, slot_of(spec.kind))
     info["example_validated"] = valid
     return info
 
@@ -192,25 +192,7 @@ def _events(kind: str, cls: Any) -> dict[str, str]:
         if "on_step_end" in out:
             out["on_step_end"] = "mix only"
         return out
-    if kind == "reweighter":
-        return {"on_advantage": ""}
-    if kind == "mixer":
-        return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
-    from .validation import EVENT_FIELDS
-
-    def readable(event: str) -> bool:
-        return set(cls.requires) <= EVENT_FIELDS[event]
-
-    out = {}
-    if cls.min_timing == "pre_rollout" and readable("on_prompts"):
-        out["on_prompts"] = "fed a pre_rollout score (before generation)"
-    if cls.min_timing in ("pre_rollout", "post_reward") and readable("on_rollout"):
-        whole = [g for g in cls.accepts if cls.keeps_whole_groups(g)]
-        if whole:
-            out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
-    if readable("on_advantage"):
-        out["on_advantage"] = ""
-    return out
+    return for_kind(kind).events(cls)
 
 
 def _example_params(cls: Any) -> dict[str, Any]:
@@ -242,19 +224,18 @@ def _example_params(cls: Any) -> dict[str, Any]:
 def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], bool]:
     """A ``dataflex`` block using the component with a fitting partner that passes validation."""
     from .errors import DataflexError
-    from .registry import SLOT
+    from .registry import slot_of
     from .validation import validate
 
     def ref(s: Any, c: Any) -> dict[str, Any]:
-        ambiguous = len(registry.find(s.name, [SLOT[s.kind]])) > 1
+        ambiguous = len(registry.find(s.name, [slot_of(s.kind)])) > 1
         return {"name": s.qualified_name if ambiguous else s.name, "params": _example_params(c)}
 
-    mechanisms = list(MECHANISM_KIND)
+    names = [m.name for m in mechanisms()]
     if spec.kind == "scorer":
-        options = [(m, a) for m in mechanisms for a in registry.specs if a.kind == MECHANISM_KIND[m]]
+        options = [(m.name, a) for m in mechanisms() for a in registry.specs if a.kind == m.kind]
     else:
-        mechanism = KIND_MECHANISM[spec.kind]
-        options = [(mechanism, s) for s in registry.specs if s.kind == "scorer"]
+        options = [(for_kind(spec.kind).name, s) for s in registry.specs if s.kind == "scorer"]
     loaded = []
     for mechanism, partner in options:
         try:
@@ -268,7 +249,7 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
         scorer_cls, actuator_cls = (cls, p_cls) if spec.kind == "scorer" else (p_cls, cls)
         accepts = list(actuator_cls.accepts)
         fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
-        return mechanisms.index(mechanism), partner.provider != spec.provider, fit, partner.name
+        return names.index(mechanism), partner.provider != spec.provider, fit, partner.name
 
     def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
         pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
@@ -286,7 +267,7 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
     if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
         mechanism, partner, p_cls = ranked[0]
         return make(mechanism, ref(partner, p_cls)), False
-    mechanism = "select" if spec.kind == "scorer" else KIND_MECHANISM[spec.kind]
+    mechanism = names[0] if spec.kind == "scorer" else for_kind(spec.kind).name
     return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
 
 

@@ -1,9 +1,10 @@
 """One config check for every command: a whole config file, checked the way the host that runs it would.
 
 ``dataflex validate`` and ``dataflex run --dry-run`` print the same report: a shim run config has every
-section checked (``trainer``/``model``/``data`` and the ``dataflex`` block, every problem at once); a verl
-config has its ``dataflex`` block checked against verl's context (``algorithm.adv_estimator``,
-``actor_rollout_ref.rollout.n``), the rest being verl's own business.
+section checked (``trainer``/``model``/``data`` and the ``dataflex`` block against the shim's host
+description, every problem at once); a verl config has its ``dataflex`` block checked against verl's host
+description of that config (:mod:`dataflex_bus.verl.host`: fields, capabilities, estimator, group size and
+verl's own settings), the rest being verl's own business.
 """
 
 from __future__ import annotations
@@ -17,48 +18,6 @@ VERL_SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_m
                            "custom_reward_function", "ray_kwargs", "transfer_queue", "global_profiler"})
 
 
-def verl_context(config: dict[str, Any], issues: list[Any]) -> dict[str, Any]:
-    """What validation checks a block against in a verl config: ``algorithm.adv_estimator`` and
-    ``actor_rollout_ref.rollout.n`` (a non-integer ``n``, a non-string estimator or a section that is not a
-    mapping is an issue naming its key, not a traceback)."""
-    from .errors import ConfigIssue
-
-    ctx: dict[str, Any] = {}
-    algorithm = _section(config, ("algorithm",), issues)
-    estimator = algorithm.get("adv_estimator")
-    if estimator is not None:
-        if isinstance(estimator, str) and estimator:
-            ctx["adv_estimator"] = estimator
-        else:
-            issues.append(ConfigIssue("algorithm.adv_estimator", f"expected an estimator name (a string), got "
-                                      f"{type(estimator).__name__} {estimator!r}"))
-    rollout = _section(config, ("actor_rollout_ref", "rollout"), issues)
-    if "n" in rollout:
-        n = rollout["n"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            issues.append(ConfigIssue("actor_rollout_ref.rollout.n", f"expected an integer >= 1 (responses per "
-                                      f"prompt), got {type(n).__name__} {n!r}"))
-        else:
-            ctx["rollout_n"] = n
-    return ctx
-
-
-def _section(config: dict[str, Any], path: tuple[str, ...], issues: list[Any]) -> dict[str, Any]:
-    """The mapping at ``path`` (empty when absent); one that is not a mapping is an issue naming its key."""
-    from .errors import ConfigIssue
-
-    node: Any = config
-    for depth in range(len(path)):
-        node = node.get(path[depth])
-        if node is None:
-            return {}
-        if not isinstance(node, dict):
-            issues.append(ConfigIssue(".".join(path[: depth + 1]), f"expected a mapping, got "
-                                      f"{type(node).__name__} {node!r}"))
-            return {}
-    return node
-
-
 def check_config(config: dict[str, Any]) -> Any:
     """Check a whole config file the way the host that runs it would, every problem at once: a verl config's
     ``dataflex`` block against verl's context, a shim config's every section. Returns the validated block
@@ -67,13 +26,13 @@ def check_config(config: dict[str, Any]) -> Any:
 
     if VERL_SECTIONS & set(config):
         from .validation import validate
+        from .verl.host import context_issues, describe
 
-        issues: list[Any] = []
-        context = verl_context(config, issues)
+        issues: list[Any] = context_issues(config)
         block, cfg = config.get("dataflex"), None
         if block:
             try:
-                cfg = validate(block, context=context)
+                cfg = validate(block, host=describe(config))
             except ConfigError as exc:
                 issues.extend(exc.issues)
         if issues:

@@ -10,9 +10,6 @@ from importlib import import_module
 
 from . import __version__
 
-#: Component kinds (as in ``components.KINDS``; repeated so building the parser imports nothing).
-_KINDS = ("scorer", "selector", "reweighter", "mixer")
-
 #: subcommand -> "module:function" taking the parsed args and returning an exit code.
 COMMANDS = {
     "plugins": "dataflex_bus.catalog:cmd_plugins",
@@ -47,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="one component: parameters, timing, granularity, an example config")
     p.add_argument("name", help="component name, or distribution:name")
-    p.add_argument("--kind", choices=[*_KINDS, "actuator"], help="when the name is both a scorer and an actuator")
+    from .mechanisms import component_kinds  # import-light: the registry of mechanisms, no torch
+
+    p.add_argument("--kind", choices=[*component_kinds(), "actuator"],
+                   help="when the name is both a scorer and an actuator")
     p.add_argument("--json", action="store_true", help="JSON (a list: one entry per matching component)")
 
     p = sub.add_parser("validate", help="check a config against the installed plugins; nothing trains")

@@ -1,7 +1,8 @@
 """The component model: what a plugin author subclasses.
 
 A method is one :class:`Scorer` (what to score) times one actuator: a :class:`Selector` (mechanism
-``select``), a :class:`Reweighter` (``reweight``) or a :class:`Mixer` (``mix``). Components declare
+``select``), a :class:`Reweighter` (``reweight``) or a :class:`Mixer` (``mix``); each mechanism is a
+registered object (:mod:`dataflex_bus.mechanisms`) naming the actuator class it takes. Components declare
 their parameters with :class:`Param`, so configs are validated before anything trains, and declare what
 they read (``requires``), when they can run (``timing``) and what shape their output has
 (``granularity``), so the bus can wire them to the right training event and refuse combinations that
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
-    from .history import VisitClasses
+    from .visits import VisitClasses
 
 #: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
 #: ``pre_rollout`` scorers read only what is known about a prompt before generating for it (its id,
@@ -33,10 +34,6 @@ TIMINGS: dict[str, str] = {
     "post_update": "on_step_end",
 }
 GRANULARITIES = ("prompt", "response", "token", "domain")
-KINDS = ("scorer", "selector", "reweighter", "mixer")
-#: Which actuator kind serves each mechanism.
-MECHANISM_KIND = {"select": "selector", "reweight": "reweighter", "mix": "mixer"}
-KIND_MECHANISM = {kind: mechanism for mechanism, kind in MECHANISM_KIND.items()}
 
 def resolve_params(
     cls: type[Component], given: Mapping[str, Any], key: str = "params"
@@ -356,34 +353,3 @@ def class_attribute_problems(cls: type[Component]) -> list[str]:
             if not isinstance(getattr(cls, flag, False), bool):
                 bad(flag, getattr(cls, flag), "expected True or False")
     return problems
-
-
-# ---------------------------------------------------------------------------- in-process registration
-def _decorator(kind: str, name: str | None, summary: str):
-    def wrap(cls: type[Component]) -> type[Component]:
-        from .registry import register_local
-
-        register_local(kind, name or cls.__name__, cls, summary=summary or (cls.__doc__ or "").strip())
-        return cls
-
-    return wrap
-
-
-def register_scorer(name: str | None = None, *, summary: str = ""):
-    """Class decorator: make a scorer available by ``name`` in this process (no packaging needed)."""
-    return _decorator("scorer", name, summary)
-
-
-def register_selector(name: str | None = None, *, summary: str = ""):
-    """Class decorator: make a selector available by ``name`` in this process."""
-    return _decorator("selector", name, summary)
-
-
-def register_reweighter(name: str | None = None, *, summary: str = ""):
-    """Class decorator: make a reweighter available by ``name`` in this process."""
-    return _decorator("reweighter", name, summary)
-
-
-def register_mixer(name: str | None = None, *, summary: str = ""):
-    """Class decorator: make a mixer available by ``name`` in this process."""
-    return _decorator("mixer", name, summary)

@@ -1,7 +1,7 @@
 """Config files and Hydra-style overrides, read into plain dicts.
 
-The ``dataflex`` block's own schema lives in :mod:`dataflex_bus.block` (re-exported here), its check
-against the installed plugins in :mod:`dataflex_bus.validation`.
+Reading files and parsing the block are two jobs: the ``dataflex`` block's own schema lives in
+:mod:`dataflex_bus.block`, its check against the installed plugins in :mod:`dataflex_bus.validation`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .block import ComponentRef, DataflexConfig, MethodConfig
 from .errors import ConfigError, ConfigIssue
 
-__all__ = ["ComponentRef", "DataflexConfig", "MethodConfig", "apply_overrides", "load_config", "load_yaml",
-           "parse_override_value"]
+__all__ = ["apply_overrides", "load_config", "load_yaml", "parse_override_value"]
 
 # ---------------------------------------------------------------------------- files and overrides
 #: YAML 1.1 floats need a dot (``1.0e-3``), so PyYAML reads ``1e-3`` as a string; ML configs write

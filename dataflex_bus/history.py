@@ -16,16 +16,15 @@ the last times a prompt was rolled out. Two pieces make that possible in every h
 
 The history is written by the host for every rolled-out group, before any selection (a zero-variance
 group a later method drops still counts as a visit), and read at ``on_prompts`` as the ``history_*``
-fields of the candidates batch (:data:`CANDIDATE_FIELDS`). It is saved with the runtime's state together
-with a fingerprint of the prompt table, so a resume on another dataset is refused and a resumed run
-continues exactly.
+fields of the candidates batch (:data:`dataflex_bus.visits.CANDIDATE_FIELDS`). It is saved with the
+runtime's state together with a fingerprint of the prompt table, so a resume on another dataset is refused
+and a resumed run continues exactly.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -34,92 +33,10 @@ from torch import Tensor
 from .batch import Batch, _index_labels
 from .errors import BatchFieldError, ConfigError, ConfigIssue
 from .ops import segment_count, segment_max, segment_min, segment_sum
+from .visits import CLASS_NAMES, EASY, HARD, OTHER, WINDOW, VisitClasses
 
-#: Visit classes. A visit is *easy* (all right) or *hard* (all wrong) under :class:`VisitClasses`;
-#: anything else, a singleton group included, is *other* and never starts a streak.
-OTHER, EASY, HARD = 0, 1, 2
-CLASS_NAMES = ("other", "easy", "hard")
-#: Recent visits kept per prompt (ring buffer).
-WINDOW = 4
 #: A prompt id is ``domain << ID_SHIFT | row``: rows must lie in ``[0, 2**ID_SHIFT)``.
 ID_SHIFT = 40
-
-#: Per-candidate fields of the ``on_prompts`` batch (``[N]`` unless noted).
-CANDIDATE_FIELDS = (
-    "prompt_index",          # dense index into the prompt table
-    "history_visits",        # rolled-out visits so far
-    "history_last_step",     # step of the last visit, -1 if never
-    "history_class",         # class of the last visit (OTHER if never)
-    "history_streak",        # length of the current run of visits of that class (0 for OTHER / never)
-    "history_steps",         # [N, WINDOW] steps of the last visits, most recent first, -1 where none
-    "history_means",         # [N, WINDOW] mean reward of those visits, NaN where none
-    "history_classes",       # [N, WINDOW] class of those visits, -1 where none
-)
-#: Batch-level (0-dimensional) fields of the ``on_prompts`` batch.
-STEP_FIELDS = (
-    "history_epoch",         # passes over the prompt table so far (candidates considered // prompts)
-    "history_counts_step",   # the completed step the three counts describe, -1 before the first
-    "history_step_groups",   # groups rolled out in that step (every generation round)
-    "history_step_easy",     # of which easy (by VisitClasses.count_class)
-    "history_step_hard",     # of which hard
-)
-FIELDS = frozenset(CANDIDATE_FIELDS + STEP_FIELDS)
-MODES = ("zero_variance", "greso")
-
-
-@dataclass(frozen=True)
-class VisitClasses:
-    """How a rolled-out group is classified from its rewards (mean, min, max, size).
-
-    ``zero_variance`` (default): a visit is zero-variance iff all rewards are equal (and the group has
-    at least two rows); easy iff also ``reward >= easy_min``, hard iff ``reward <= hard_max``; any other
-    zero-variance value (all 0.5) is *other*. ``greso`` (exact reproduction of the GRESO code): easy iff the
-    group mean ``>= tau_easy``, hard iff ``<= tau_hard`` (a mix of format errors and wrong answers counts
-    as hard although it is not zero-variance).
-
-    :meth:`count_class` is what the per-step counts use (GRESO's exploration-probability adaptation): the
-    same as :meth:`classify` in ``zero_variance`` mode; in ``greso`` mode, as GRESO's code counts, a group
-    whose rewards all equal ``count_easy`` (resp. ``count_hard``).
-    """
-
-    mode: str = "zero_variance"
-    easy_min: float = 1.0
-    hard_max: float = 0.0
-    tau_easy: float = 0.98
-    tau_hard: float = 0.11
-    count_easy: float = 1.0
-    count_hard: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(ConfigIssue("mode", f"{self.mode!r} is not a visit-class mode", MODES))
-
-    def classify(self, mean: Tensor, low: Tensor, high: Tensor, size: Tensor) -> Tensor:
-        """Long ``[G]``: the class of each visit (streak rule)."""
-        groups = size > 1  # a singleton is trivially "all equal": never a streak (P1.8)
-        if self.mode == "greso":
-            easy = groups & (mean >= self.tau_easy)
-            hard = groups & (mean <= self.tau_hard) & ~easy
-        else:
-            zv = groups & (low == high)
-            easy = zv & (low >= self.easy_min)
-            hard = zv & (high <= self.hard_max) & ~easy
-        return _classes(easy, hard)
-
-    def count_class(self, mean: Tensor, low: Tensor, high: Tensor, size: Tensor) -> Tensor:
-        """Long ``[G]``: the class each visit counts as in the per-step counts."""
-        if self.mode != "greso":
-            return self.classify(mean, low, high, size)
-        same = (size > 1) & (low == high)
-        return _classes(same & (low == self.count_easy), same & (low == self.count_hard))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _classes(easy: Tensor, hard: Tensor) -> Tensor:
-    return torch.where(easy, EASY, torch.where(hard, HARD, OTHER)).to(torch.long)
-
 
 # ---------------------------------------------------------------------------- prompt ids
 class PromptTable:
@@ -248,7 +165,8 @@ class PromptHistory:
 
     # ------------------------------------------------------------------ reading
     def fields(self, index: Tensor) -> dict[str, Tensor]:
-        """The ``history_*`` fields of the prompts at dense ``index`` (see :data:`CANDIDATE_FIELDS`)."""
+        """The ``history_*`` fields of the prompts at dense ``index``
+        (:data:`~dataflex_bus.visits.CANDIDATE_FIELDS`)."""
         visits = self.visits[index].to(torch.long)
         k = torch.arange(self.window)
         slots = (visits[:, None] - 1 - k) % self.window

@@ -21,7 +21,8 @@ from .validation import installed_registry, validate
 
 if TYPE_CHECKING:
     from .batch import Batch
-    from .components import Component, Scorer
+    from .components import Actuator, Component, Scorer
+    from .host import HostDescription
     from .registry import ComponentSpec, Registry
 
 
@@ -40,18 +41,18 @@ def _instantiate(spec: ComponentSpec, params: Mapping[str, Any]) -> Any:
 
 
 def build_pipeline(config: DataflexConfig | Mapping[str, Any], registry: Registry | None = None, *,
-                   context: Mapping[str, Any] | None = None) -> Pipeline:
-    """Build the pipeline of a ``dataflex`` block, validating it first unless :func:`validate` already
-    returned it (then nothing is resolved or checked twice)."""
+                   host: HostDescription | None = None) -> Pipeline:
+    """Build the pipeline of a ``dataflex`` block, validating it first (against ``host``) unless
+    :func:`validate` already returned it (then nothing is resolved or checked twice)."""
     if not (isinstance(config, DataflexConfig) and all(m.resolved is not None for m in config.methods)):
-        config = validate(config, registry, context=context)
+        config = validate(config, registry, host=host)
     stacked = len(config.methods) > 1
     methods = []
     for m in config.methods:
         found = m.resolved
         assert found is not None
         scorer: Scorer = _instantiate(found.scorer, found.scorer_params)
-        actuator = _instantiate(found.actuator, found.actuator_params)
+        actuator: Actuator = _instantiate(found.actuator, found.actuator_params)
         methods.append(Method(m, scorer, actuator, event=found.event, domains=config.domains,
                               provenance={"scorer": found.scorer.qualified_name,
                                           "actuator": found.actuator.qualified_name},
@@ -68,7 +69,7 @@ class Pipeline:
         self.config = config
         self.methods = list(methods)
         self._at = {event: [m for m in self.methods if m.event == event] for event in EVENTS}
-        mixers = [m for m in self.methods if m.config.mechanism == "mix"]
+        mixers = [m for m in self.methods if m.mechanism.samples_domains]
         self.mixer: Method | None = mixers[0] if mixers else None
 
     # -------------------------------------------------------------- a one-method pipeline reads as its method

@@ -15,15 +15,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .components import KINDS, class_attribute_problems
+from .components import class_attribute_problems
 from .errors import CollisionError, PluginLoadError, UnknownComponentError
+from .mechanisms import actuator_kinds, component_kinds
 from .schema import did_you_mean
 
 if TYPE_CHECKING:
     from .components import Component
 
-#: Config slot each kind is resolved in: scorers and actuators live in separate name spaces.
-SLOT = {"scorer": "scorer", "selector": "actuator", "reweighter": "actuator", "mixer": "actuator"}
+
+
+def slot_of(kind: str) -> str:
+    """The config slot components of ``kind`` are resolved in: scorers and actuators (every mechanism's
+    actuator kind) live in separate name spaces. An unknown kind is its own slot."""
+    return "scorer" if kind == "scorer" else "actuator" if kind in actuator_kinds() else kind
+
 LOCAL_PLUGIN = "local"
 
 
@@ -129,14 +135,14 @@ class Register:
         self.specs: list[ComponentSpec] = []
 
     def __call__(self, kind: str, name: str, target: str | type, *, summary: str = "") -> None:
-        if kind not in KINDS:
-            raise ValueError(f"register(): kind {kind!r} is not one of {', '.join(KINDS)}")
+        if kind not in component_kinds():
+            raise ValueError(f"register(): kind {kind!r} is not one of {', '.join(component_kinds())}")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", name):
             raise ValueError(f"register(): invalid component name {name!r}")
         if isinstance(target, str) and ":" not in target:
             raise ValueError(f"register(): target {target!r} must look like 'package.module:ClassName'")
-        if any(s.name == name and SLOT[s.kind] == SLOT[kind] for s in self.specs):
-            raise ValueError(f"register(): {SLOT[kind]} name {name!r} registered twice by this plugin")
+        if any(s.name == name and slot_of(s.kind) == slot_of(kind) for s in self.specs):
+            raise ValueError(f"register(): {slot_of(kind)} name {name!r} registered twice by this plugin")
         self.specs.append(ComponentSpec(kind, name, target, self.plugin, self.distribution, self.version,
                                         summary=summary))
 
@@ -150,12 +156,12 @@ def register_local(kind: str, name: str, target: str | type, *, summary: str = "
     reg = Register(LOCAL_PLUGIN)
     reg(kind, name, target, summary=summary)
     spec = reg.specs[0]
-    _LOCAL[(SLOT[kind], name)] = spec
+    _LOCAL[(slot_of(kind), name)] = spec
     return spec
 
 
 def unregister_local(kind: str, name: str) -> None:
-    _LOCAL.pop((SLOT[kind], name), None)
+    _LOCAL.pop((slot_of(kind), name), None)
 
 
 def local_specs() -> list[ComponentSpec]:
@@ -194,17 +200,17 @@ class Registry:
     def names(self, slot: str, kinds: Iterable[str] | None = None) -> list[str]:
         wanted = set(kinds) if kinds is not None else None
         return sorted({s.name for s in self.specs
-                       if SLOT[s.kind] == slot and (wanted is None or s.kind in wanted)})
+                       if slot_of(s.kind) == slot and (wanted is None or s.kind in wanted)})
 
     def find(self, name: str, slots: Iterable[str] = ("scorer", "actuator")) -> list[ComponentSpec]:
         """Every component called ``name`` (or ``provider:name``) in ``slots``, in slot order."""
         qualifier, sep, bare = name.rpartition(":")
         wanted = list(slots)
-        found = [s for s in self.specs if SLOT[s.kind] in wanted and s.name == bare]
+        found = [s for s in self.specs if slot_of(s.kind) in wanted and s.name == bare]
         if sep:
             q = normalize_name(qualifier)
             found = [s for s in found if normalize_name(s.provider) == q or normalize_name(s.plugin) == q]
-        return sorted(found, key=lambda s: (wanted.index(SLOT[s.kind]), s.kind, s.qualified_name))
+        return sorted(found, key=lambda s: (wanted.index(slot_of(s.kind)), s.kind, s.qualified_name))
 
     def resolve(self, slot: str, name: str, *, key: str | None = None) -> ComponentSpec:
         """Find the one component named ``name`` (or ``provider:name``) in ``slot``."""
@@ -254,7 +260,7 @@ class Registry:
                 provided = d.probe()
             except Exception:  # explaining an error must never raise another one
                 continue
-            if any(SLOT[s.kind] == slot and s.name == bare for s in provided):
+            if any(slot_of(s.kind) == slot and s.name == bare for s in provided):
                 fix = (f"take it off {d.variable}" if d.variable.endswith("DISABLE_PLUGINS")
                        else f"add {d.distribution or d.plugin} to {d.variable}")
                 return f"; {slot} {bare!r} is provided by plugin {d.label}, which {d.reason}: {fix}"
@@ -264,3 +270,32 @@ class Registry:
         shown = ", ".join(f"{d.label} ({d.reason})" for d in unknown[:5])
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         return f"; not imported, so possibly providing it: {shown}{more}"
+
+
+# ---------------------------------------------------------------------------- in-process registration
+def _decorator(kind: str, name: str | None, summary: str) -> Callable[[type[Component]], type[Component]]:
+    def wrap(cls: type[Component]) -> type[Component]:
+        register_local(kind, name or cls.__name__, cls, summary=summary or (cls.__doc__ or "").strip())
+        return cls
+
+    return wrap
+
+
+def register_scorer(name: str | None = None, *, summary: str = "") -> Callable[[type[Component]], type[Component]]:
+    """Class decorator: make a scorer available by ``name`` in this process (no packaging needed)."""
+    return _decorator("scorer", name, summary)
+
+
+def register_selector(name: str | None = None, *, summary: str = "") -> Callable[[type[Component]], type[Component]]:
+    """Class decorator: make a selector available by ``name`` in this process."""
+    return _decorator("selector", name, summary)
+
+
+def register_reweighter(name: str | None = None, *, summary: str = "") -> Callable[[type[Component]], type[Component]]:
+    """Class decorator: make a reweighter available by ``name`` in this process."""
+    return _decorator("reweighter", name, summary)
+
+
+def register_mixer(name: str | None = None, *, summary: str = "") -> Callable[[type[Component]], type[Component]]:
+    """Class decorator: make a mixer available by ``name`` in this process."""
+    return _decorator("mixer", name, summary)

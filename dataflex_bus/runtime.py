@@ -1,9 +1,11 @@
 """What a host loop talks to for one run: the plugin set, the configured pipeline and the event bus.
 
-The CPU shim and the verl trainer both build a :class:`Runtime` from the ``dataflex`` config block and
-use only this class and :mod:`dataflex_bus.decision`: they emit events, carry out the decisions, ask which
-fields to provide at each event and which domain probabilities to sample the next prompts from, and save
-the runtime's state with their checkpoints. So the same plugin code runs in both places.
+Every host builds a :class:`Runtime` from the ``dataflex`` config block and its
+:class:`~dataflex_bus.host.HostDescription` (the block is validated against that host), then drives its
+steps through the host kit (:mod:`dataflex_bus.steps`), which emits the events, carries out the decisions
+and keeps the counters. A host asks the runtime which fields to provide at each event and which domain
+probabilities to sample the next prompts from, and saves its state with their checkpoints. So the same
+plugin code runs in every host.
 """
 
 from __future__ import annotations
@@ -18,30 +20,32 @@ from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
 from .hookspecs import EVENTS
+from .host import ANY_HOST, HostDescription
 from .pipeline import Pipeline, build_pipeline
-from .validation import EVENT_FIELDS
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
     from .block import RefillConfig
-    from .history import PromptHistory, PromptTable, VisitClasses
+    from .history import PromptHistory, PromptTable
+    from .visits import VisitClasses
 
 log = logging.getLogger("dataflex_bus")
 
 
 class Runtime:
-    """Plugins + pipeline + bus. ``dataflex`` is the block (a mapping, or the config :func:`validate`
-    returned, which is then not validated again) or ``None`` for plain GRPO: events still reach
-    observers."""
+    """Plugins + pipeline + bus for one run on ``host``. ``dataflex`` is the block (a mapping, or the config
+    :func:`validate` returned, which is then not validated again) or ``None`` for plain GRPO: events still
+    reach observers."""
 
     def __init__(self, dataflex: DataflexConfig | Mapping[str, Any] | None, *,
-                 context: Mapping[str, Any] | None = None, plugins: PluginSet | None = None,
+                 host: HostDescription | None = None, plugins: PluginSet | None = None,
                  check_writes: bool | None = None) -> None:
+        self.host = host if host is not None else ANY_HOST
         self.plugins = plugins if plugins is not None else get_plugins()
         self.pipeline: Pipeline | None = (
-            build_pipeline(dataflex, self.plugins.registry(), context=context) if dataflex else None
+            build_pipeline(dataflex, self.plugins.registry(), host=self.host) if dataflex else None
         )
         # check_writes: compare the batch around every bus hook (None: in debug mode, DATAFLEX_DEBUG); see bus.py.
         self.bus = EventBus(self.plugins, check_writes=check_writes)
@@ -128,7 +132,7 @@ class Runtime:
     def drops_rows_at(self, event: str) -> bool:
         """True when a method acting at ``event`` may drop rows: a selection, or ``on_nonfinite=drop``."""
         return self.pipeline is not None and any(
-            m.config.mechanism == "select" or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
+            m.mechanism.drops_rows or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
 
     def filters_zero_variance(self) -> bool:
         """True when a selector drops zero-variance groups (what verl's ``algorithm.filter_groups`` does)."""
@@ -154,24 +158,27 @@ class Runtime:
             except Exception:
                 log.exception("dataflex: plugin %r failed in dataflex_fields(%r); its fields are not fetched",
                               impl.plugin_name, event)
-        return frozenset(wanted & EVENT_FIELDS[event]) - {"uid", "data_source"}
+        return frozenset(wanted & self.host.fields[event]) - {"uid", "data_source"}
 
     def listens(self, event: str) -> bool:
         """True when a method acts at ``event`` or an observer implements it: a host may skip preparing a
         batch for an event nobody hears."""
         if self.pipeline is not None and self.pipeline.at(event):
             return True
-        if event == "on_step_end" and self.history is not None:
-            return True  # the step's counts in the prompt history close there
         return self.bus.observed(event)
 
     def emit(self, event: str, batch: Batch, step: int) -> Decision:
         """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
-        step's counts in the prompt history."""
+        step's counts in the prompt history (:meth:`end_step` does that for a host that emits nothing)."""
         decision = self.bus.emit(event, batch, step)
         if event == "on_step_end" and self.history is not None:
             self.history.end_step(step)
         return decision
+
+    def end_step(self, step: int) -> None:
+        """The step is done and nobody hears ``on_step_end``: close the step's counts in the prompt history."""
+        if self.history is not None:
+            self.history.end_step(step)
 
     # -------------------------------------------------------------- prompts and their history
     def set_prompts(self, table: PromptTable) -> None:
@@ -191,9 +198,23 @@ class Runtime:
                     return wanted
         return None
 
-    def prompt_candidates(self, domain_ids: Tensor, rows: Tensor, domain_names: Sequence[str]) -> Batch:
-        """The ``on_prompts`` batch for candidates ``(domain_ids, rows)`` (ids into ``domain_names``, the
-        prompt table's domains): one row and group per candidate, ``prompt_index`` and the history."""
+    def prompt_index(self, domains: Tensor | Sequence[Any], rows: Tensor) -> Tensor:
+        """Dense prompt indices of the prompts ``(domains, rows)``: ``domains`` as ids into the prompt table's
+        domains or as labels; an id not in the table raises naming the id column."""
+        import torch
+
+        from .errors import BatchFieldError
+
+        if self.prompt_table is None:
+            raise BatchFieldError("dataflex prompt ids", "prompt_index", "the host never gave the runtime its "
+                                  "prompt table (Runtime.set_prompts)")
+        if isinstance(domains, torch.Tensor):
+            return self.prompt_table.lookup(domains, rows)
+        return self.prompt_table.lookup_labels(domains, rows)
+
+    def prompt_candidates(self, domain_ids: Tensor, rows: Tensor) -> Batch:
+        """The ``on_prompts`` batch for candidates ``(domain_ids, rows)`` (ids into the prompt table's
+        domains): one row and group per candidate, ``prompt_index`` and the history."""
         import torch
 
         from .batch import Batch
@@ -201,13 +222,13 @@ class Runtime:
         if self.prompt_table is None:
             raise ConfigError(ConfigIssue("dataflex", "the host selects prompts but never gave the runtime its "
                                           "prompt table (Runtime.set_prompts)"))
-        index = self.prompt_table.lookup(domain_ids, rows)
+        index = self.prompt_index(domain_ids, rows)
         fields = {"prompt_index": index}
         if self.history is not None:
             fields.update(self.history.fields(index))  # the epoch before this draw
             self.history.consider(len(index))
         n = len(index)
-        return Batch.from_tensors(uid=torch.arange(n), domains=domain_ids, domain_names=list(domain_names),
+        return Batch.from_tensors(uid=torch.arange(n), domains=domain_ids, domain_names=self.prompt_table.domains,
                                   is_padding=torch.zeros(n, dtype=torch.bool), **fields)
 
     def record_rollouts(self, batch: Batch, step: int) -> dict[str, float]:
@@ -236,10 +257,12 @@ class Runtime:
         return self.pipeline.domain_probabilities() if self.pipeline is not None else None
 
     # -------------------------------------------------------------- provenance and state
-    def record(self) -> dict[str, Any]:
-        """Provenance written with every run: active plugins (``name==version``) and the resolved block."""
+    def provenance(self) -> dict[str, Any]:
+        """What a run record keeps of the runtime: the host, active plugins (``name==version``), failed ones
+        and the resolved block with each method's components and versions."""
         pipeline = self.pipeline
         return {
+            "host": self.host.to_dict(),
             "plugins": self.plugins.pins(),
             "failed_plugins": [{"name": r.name, "distribution": r.distribution, "error": r.error}
                                for r in self.plugins.failed],

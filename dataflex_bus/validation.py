@@ -1,70 +1,50 @@
-"""Check a ``dataflex`` block against the installed components, before anything trains.
+"""Check a ``dataflex`` block against the installed components and the host that will run it, before
+anything trains.
 
 :func:`validate` resolves every method's scorer and actuator by name, checks their parameters, the
-mechanism, the fields they need at the event they will run at and the host they will run in, and the
-rules of a method stack; it reports every problem at once, each keyed by its config key. What it
-resolved (component specs, checked parameters, the event) travels with the returned config, so building
-the pipeline neither resolves nor validates again.
+mechanism's rules (:mod:`dataflex_bus.mechanisms`), the fields they need at the event they will run at
+and what the host can carry out (:class:`~dataflex_bus.host.HostDescription`: a field or capability the
+host lacks is refused naming the host), and the rules of a method stack; it reports every problem at once,
+each keyed by its config key. What it resolved (component specs, checked parameters, the event) travels
+with the returned config, so building the pipeline neither resolves nor validates again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .block import DataflexConfig, MethodConfig
-from .components import MECHANISM_KIND, TIMINGS, Actuator, Mixer, Scorer, Selector, as_score, resolve_params
+from .block import DataflexConfig, MethodConfig, Resolved
+from .components import TIMINGS, Actuator, Scorer, Selector, as_score, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
-from .history import FIELDS as HISTORY_FIELDS
-from .history import VisitClasses
+from .host import ANY_HOST, GROUP_ESTIMATORS, NON_GROUP_ESTIMATORS, HostDescription
+from .mechanisms import mechanism, mechanisms
+from .visits import VisitClasses
 
 if TYPE_CHECKING:
     from .registry import ComponentSpec, Registry
 
-#: Fields the host can provide at each event (verl's names). ``uid``/``data_source`` are row labels. At
-#: ``on_prompts`` a row is a candidate prompt: its id and history, nothing about responses.
-EVENT_FIELDS: dict[str, frozenset[str]] = {
-    "on_prompts": HISTORY_FIELDS | {"uid", "data_source"},
-    "on_rollout": frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask",
-                             "input_ids", "rm_scores", "rollout_log_probs", "uid", "data_source"}),
-}
-EVENT_FIELDS["on_advantage"] = EVENT_FIELDS["on_rollout"] | {
-    "old_log_probs", "ref_log_prob", "advantages", "returns", "rollout_is_weights", "entropy", "values",
-    "token_level_rewards"}
-EVENT_FIELDS["on_step_end"] = EVENT_FIELDS["on_advantage"]
-
-#: verl advantage estimators that use one rollout per prompt (no groups).
-NON_GROUP_ESTIMATORS = frozenset({"gae", "reinforce_plus_plus", "remax"})
-GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline", "opo")
-
-_TIMING_ORDER = list(TIMINGS)
+_Classes = tuple[type[Scorer], type[Actuator]]
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """What validation found for one method: the providing specs, checked parameters and the event."""
+class _Built:
+    """The block's components as validation builds them: each at most once, for the checks that need an
+    instance (visit classes, domains, the selection probe). The pipeline builds its own: the probe may have
+    changed an instance's state."""
 
-    scorer: ComponentSpec
-    actuator: ComponentSpec
-    scorer_params: dict[str, Any]
-    actuator_params: dict[str, Any]
-    event: str
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, str], Any] = {}
+
+    def get(self, method: MethodConfig, slot: str, cls: type, params: Mapping[str, Any]) -> Any:
+        key = (id(method), slot)
+        if key not in self._made:
+            self._made[key] = cls(**params)
+        return self._made[key]
 
 
-def method_event(mechanism: str, scorer_cls: type[Scorer], actuator_cls: type[Actuator]) -> str:
+def method_event(mechanism_name: str, scorer_cls: type[Scorer], actuator_cls: type[Actuator]) -> str:
     """The bus event a method acts at, from its mechanism and its components' timings."""
-    if mechanism == "mix":
-        return "on_step_end"
-    if mechanism == "reweight":
-        return "on_advantage"
-    latest = max(_TIMING_ORDER.index(scorer_cls.timing), _TIMING_ORDER.index(actuator_cls.min_timing))
-    event = TIMINGS[_TIMING_ORDER[latest]]
-    if event == "on_rollout" and not (issubclass(actuator_cls, Selector)
-                                      and actuator_cls.keeps_whole_groups(scorer_cls.granularity)):
-        # Row-level drops before the advantage would shift the GRPO baseline of the rows left.
-        event = "on_advantage"
-    return event
+    return mechanism(mechanism_name).event(scorer_cls, actuator_cls)
 
 
 def method_keys(config: DataflexConfig, key: str = "dataflex") -> list[str]:
@@ -78,16 +58,12 @@ def validate(
     config: DataflexConfig | Mapping[str, Any],
     registry: Registry | None = None,
     *,
-    context: Mapping[str, Any] | None = None,
+    host: HostDescription | None = None,
     key: str = "dataflex",
 ) -> DataflexConfig:
-    """Check a ``dataflex`` block against the installed components; raises :class:`ConfigError` with
-    every problem. Returns the config with each method's resolution attached (``method.resolved``).
-
-    ``context`` describes the host when known: ``adv_estimator`` (verl's ``algorithm.adv_estimator``),
-    ``rollout_n`` (responses per prompt) and ``available_fields`` ({event: fields}) to override
-    :data:`EVENT_FIELDS`.
-    """
+    """Check a ``dataflex`` block against the installed components and ``host`` (default
+    :data:`~dataflex_bus.host.ANY_HOST`: every field, every capability); raises :class:`ConfigError` with
+    every problem. Returns the config with each method's resolution attached (``method.resolved``)."""
     issues: list[ConfigIssue]
     if isinstance(config, DataflexConfig):
         cfg, issues = config, []
@@ -97,32 +73,34 @@ def validate(
             raise ConfigError(issues)
         cfg = parsed
     registry = registry if registry is not None else installed_registry()
-    context = dict(context or {})
-    classes: list[tuple[type[Scorer], type[Actuator]] | None] = []
+    host = host if host is not None else ANY_HOST
+    classes: list[_Classes | None] = []
+    built = _Built()
     for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
-        found = _validate_method(method, cfg, registry, context, mkey, issues)
+        found = _validate_method(method, cfg, registry, host, mkey, issues, built)
         classes.append(found)
     issues.extend(_check_stack(cfg, classes, key))
-    issues.extend(_check_history(cfg, classes, key))
-    issues.extend(_check_refill(cfg, key))
+    issues.extend(_check_history(cfg, classes, key, built))
+    issues.extend(_check_refill(cfg, host, key))
+    if not issues and host.check is not None:
+        issues.extend(host.check(cfg, key))
     if issues:
         raise ConfigError(issues)
-    cfg.warnings = _stack_warnings(cfg, classes, key) + _selection_warnings(cfg, key,
-                                                                           int(context.get("rollout_n") or 8))
+    cfg.warnings = _stack_warnings(cfg, classes, key) + _selection_warnings(cfg, key, host.group_size or 8, built)
     return cfg
 
 
-def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Registry, context: Mapping[str, Any],
-                     key: str, issues: list[ConfigIssue]) -> tuple[type[Scorer], type[Actuator]] | None:
+def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Registry, host: HostDescription,
+                     key: str, issues: list[ConfigIssue], built: _Built) -> _Classes | None:
     before = len(issues)
+    mech = mechanism(method.mechanism)
     s_spec, s_cls = _resolve(registry, "scorer", method.scorer.name, f"{key}.scorer.name", issues)
     a_spec, a_cls = _resolve(registry, "actuator", method.actuator.name, f"{key}.actuator.name", issues)
-    wanted_kind = MECHANISM_KIND[method.mechanism]
-    if a_spec is not None and a_spec.kind != wanted_kind:
+    if a_spec is not None and a_spec.kind != mech.kind:
         issues.append(ConfigIssue(
             f"{key}.actuator.name",
-            f"{method.actuator.name!r} is a {a_spec.kind}, but mechanism {method.mechanism!r} needs a {wanted_kind}",
-            registry.names("actuator", [wanted_kind])))
+            f"{method.actuator.name!r} is {_article(a_spec.kind)} {a_spec.kind}, but mechanism "
+            f"{method.mechanism!r} needs {_article(mech.kind)} {mech.kind}", registry.names("actuator", [mech.kind])))
         a_cls = None
     s_params = a_params = None
     if s_cls is not None:
@@ -133,22 +111,21 @@ def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Regist
         issues.extend(found)
     if s_cls is None or a_cls is None:
         return None
-    issues.extend(_check_fit(method, s_cls, a_cls, context, key))
+    issues.extend(_check_fit(method, s_cls, a_cls, host, key))
     if len(issues) > before:
         return None
-    if method.mechanism == "mix" and cfg.domains:
-        # Rules that join parameters and domains (a floor times K, proportions naming every domain)
-        # are checked by the mixer's own set_domains, here rather than at the first training step.
-        mixer = a_cls(**(a_params or {}))
-        assert isinstance(mixer, Mixer)
-        try:
-            mixer.set_domains(list(cfg.domains))
-        except ConfigError as exc:
-            issues.extend(exc.issues)
+    if cfg.domains:
+        found_issues = mech.check_domains(built.get(method, "actuator", a_cls, a_params or {}), cfg.domains)
+        if found_issues:
+            issues.extend(found_issues)
             return None
     assert s_spec is not None and a_spec is not None and s_params is not None and a_params is not None
-    method.resolved = Resolved(s_spec, a_spec, s_params, a_params, method_event(method.mechanism, s_cls, a_cls))
+    method.resolved = Resolved(s_spec, a_spec, s_params, a_params, mech.event(s_cls, a_cls))
     return s_cls, a_cls
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _resolve(registry: Registry, slot: str, name: str, key: str,
@@ -164,40 +141,35 @@ def _resolve(registry: Registry, slot: str, name: str, key: str,
         return None, None
 
 
-def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
-               context: Mapping[str, Any], key: str) -> list[ConfigIssue]:
+def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator], host: HostDescription,
+               key: str) -> list[ConfigIssue]:
+    """What every method must satisfy, then its mechanism's own rules."""
     issues: list[ConfigIssue] = []
+    mech = mechanism(method.mechanism)
     sname, aname = method.scorer.name, method.actuator.name
     if s_cls.granularity not in a_cls.accepts:
         issues.append(ConfigIssue(
             f"{key}.scorer.name",
             f"scorer {sname!r} gives {s_cls.granularity}-level scores but {a_cls.kind} {aname!r} acts on "
             f"{' or '.join(a_cls.accepts)}-level scores", a_cls.accepts))
-    if s_cls.timing == "pre_rollout":
-        issues.extend(_check_pre_rollout(method, s_cls, a_cls, key))
-    elif a_cls.uses_history and any(f.startswith("history_") for f in getattr(a_cls, "requires", ())):
-        issues.append(ConfigIssue(f"{key}.scorer.name", f"{a_cls.kind} {aname!r} selects prompts before generation "
-                                  f"from their history; scorer {sname!r} runs {s_cls.timing}: pair it with a "
-                                  "pre_rollout scorer (such as zero_variance_streak)"))
-    if method.mechanism == "select" and _TIMING_ORDER.index(s_cls.timing) > _TIMING_ORDER.index("post_advantage"):
-        issues.append(ConfigIssue(f"{key}.scorer.name",
-                                  f"scorer {sname!r} runs {s_cls.timing}, after the update it would select for"))
-    if method.mechanism == "reweight" and s_cls.timing == "post_update":
-        issues.append(ConfigIssue(f"{key}.scorer.name",
-                                  f"scorer {sname!r} runs post_update, after the loss it would reweight"))
-    fields_at = dict(EVENT_FIELDS)
-    fields_at.update(context.get("available_fields") or {})
+    if s_cls.timing == "pre_rollout" and not mech.before_generation:
+        issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout (before generation); "
+                                  f"mechanism {method.mechanism!r} cannot act there (only "
+                                  f"{', '.join(m.name for m in mechanisms() if m.before_generation)} can)"))
+    issues.extend(mech.check(method, s_cls, a_cls, host, key))
+    event = mech.event(s_cls, a_cls)
     needs: list[tuple[str, type[Scorer] | type[Actuator], str]] = [
-        ("scorer", s_cls, s_cls.timing), ("actuator", a_cls, a_cls.min_timing)]
-    for who, cls, timing in needs:
-        event = TIMINGS[timing] if who == "scorer" else method_event(method.mechanism, s_cls, a_cls)
-        missing = [f for f in cls.requires if f not in fields_at[event]]
+        ("scorer", s_cls, TIMINGS[s_cls.timing]), ("actuator", a_cls, event)]
+    for who, cls, at in needs:
+        missing = [f for f in cls.requires if not host.provides(at, f)]
         if missing:
+            reasons = "".join(host.why_not(f) for f in missing)
+            where = f"timing {cls.timing}" if who == "scorer" else "where the method acts"  # type: ignore[union-attr]
             issues.append(ConfigIssue(
                 f"{key}.{who}.name",
-                f"{cls.kind} {getattr(method, who).name!r} requires {missing}, not available at {event} "
-                f"(timing {timing})", sorted(fields_at[event])))
-    estimator = context.get("adv_estimator")
+                f"{cls.kind} {getattr(method, who).name!r} requires {missing}, not available at {at} on host "
+                f"{host.name!r} ({where}){reasons}", sorted(host.fields[at])))
+    estimator = host.adv_estimator
     for who, cls, _ in needs:
         if not cls.needs_groups:
             continue
@@ -206,37 +178,15 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
                 f"{key}.{who}.name",
                 f"{getattr(method, who).name!r} needs groups of rollouts per prompt, but the advantage "
                 f"estimator {estimator!r} is not group-based", GROUP_ESTIMATORS))
-        n = context.get("rollout_n")
+        n = host.group_size
         if n is not None and int(n) < 2:
             issues.append(ConfigIssue(f"{key}.{who}.name",
-                                      f"{getattr(method, who).name!r} needs groups, but rollout n={n} (< 2)"))
+                                      f"{getattr(method, who).name!r} needs groups, but rollout n={n} (< 2) on host "
+                                      f"{host.name!r}"))
     return issues
 
 
-def _check_pre_rollout(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
-                       key: str) -> list[ConfigIssue]:
-    """A ``pre_rollout`` scorer runs before anything is generated: it can only feed a selection made
-    there, by a selector able to act on a score alone."""
-    sname = method.scorer.name
-    if method.mechanism != "select":
-        return [ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout (before generation); only a "
-                            f"select method can act there, not mechanism {method.mechanism!r}")]
-    issues = []
-    if s_cls.needs_groups:
-        issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout but needs groups of "
-                                  "rollouts, which do not exist before generation"))
-    event = method_event(method.mechanism, s_cls, a_cls)
-    if event != "on_prompts":
-        earliest = getattr(a_cls, "min_timing", "post_reward")
-        issues.append(ConfigIssue(
-            f"{key}.actuator.name",
-            f"scorer {sname!r} runs pre_rollout, but {a_cls.kind} {method.actuator.name!r} can act no earlier than "
-            f"{earliest} ({event}); pair a pre_rollout scorer with a selector that acts on its score alone"))
-    return issues
-
-
-def _check_history(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Actuator]] | None],
-                   key: str) -> list[ConfigIssue]:
+def _check_history(cfg: DataflexConfig, classes: list[_Classes | None], key: str, built: _Built) -> list[ConfigIssue]:
     """The block keeps one per-prompt history: every component that classifies visits must agree."""
     seen: list[tuple[str, VisitClasses]] = []
     for method, mkey, found in zip(cfg.methods, method_keys(cfg, key), classes):
@@ -247,7 +197,7 @@ def _check_history(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[A
             if not cls.uses_history:
                 continue
             try:
-                wanted = cls(**params).visit_classes()
+                wanted = built.get(method, slot, cls, params).visit_classes()
             except ConfigError as exc:
                 return [ConfigIssue(f"{mkey}.{slot}.params.{i.key}", i.message, i.allowed) for i in exc.issues]
             if wanted is not None:
@@ -261,34 +211,42 @@ def _check_history(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[A
     return issues
 
 
-def _check_refill(cfg: DataflexConfig, key: str) -> list[ConfigIssue]:
-    """Refill tops up what an ``on_rollout`` selection keeps: without one it would never stop early."""
-    if cfg.refill is None:
+def _check_refill(cfg: DataflexConfig, host: HostDescription, key: str) -> list[ConfigIssue]:
+    """Refill tops up what an ``on_rollout`` selection drops: without one it would never stop early; the host
+    must be able to generate within a step, with the configured policies."""
+    refill = cfg.refill
+    if refill is None:
         return []
-    if any(m.resolved is not None and m.resolved.event == "on_rollout" and m.mechanism == "select"
-           for m in cfg.methods):
-        return []
+    if not host.can("refill"):
+        return [ConfigIssue(f"{key}.refill", f"host {host.name!r} cannot generate more prompts within a step"
+                            f"{host.why_not('refill')}; remove dataflex.refill")]
+    issues = []
+    for name, value, allowed in (("policy", refill.policy, host.refill_policies),
+                                 ("on_exhaust", refill.on_exhaust, host.exhaust_policies)):
+        if allowed is not None and value not in allowed:
+            issues.append(ConfigIssue(f"{key}.refill.{name}", f"{value!r} cannot be carried out by host {host.name!r}"
+                                      f"{host.why_not(f'refill.{name}')}", sorted(allowed)))
     if any(m.resolved is None for m in cfg.methods):
-        return []  # the unresolved method was reported already
-    return [ConfigIssue(f"{key}.refill", "dynamic sampling refills the groups an on_rollout selection drops, but no "
-                        "method of this block selects at on_rollout (a select method whose selector keeps or "
-                        "drops whole groups, such as dapo or threshold_band on group_solve_rate)")]
+        return issues  # the unresolved method was reported already
+    if not any(m.resolved is not None and m.resolved.event == "on_rollout" and mechanism(m.mechanism).drops_rows
+               for m in cfg.methods):
+        issues.append(ConfigIssue(f"{key}.refill", "dynamic sampling refills the groups an on_rollout selection drops, "
+                                  "but no method of this block selects at on_rollout (a select method whose selector "
+                                  "keeps or drops whole groups, such as dapo or threshold_band on group_solve_rate)"))
+    return issues
 
 
-def _check_stack(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Actuator]] | None],
-                 key: str) -> list[ConfigIssue]:
-    """Rules between the methods of a stack (one method passes trivially)."""
+def _check_stack(cfg: DataflexConfig, classes: list[_Classes | None], key: str) -> list[ConfigIssue]:
+    """Rules between the methods of a stack (one method passes trivially): each mechanism's ``per_block`` and
+    its own stack rules."""
     issues: list[ConfigIssue] = []
     keys = method_keys(cfg, key)
-    mixers = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "mix"]
-    if len(mixers) > 1:
-        issues.append(ConfigIssue(mixers[1], f"a stack may hold one mixer (the sampler draws the next prompts from "
-                                  f"one set of domain probabilities); {mixers[0]} already mixes"))
-    rewriters = [k for k, found in zip(keys, classes)
-                 if found is not None and getattr(found[1], "rewrites_advantages", False)]
-    if len(rewriters) > 1:
-        issues.append(ConfigIssue(rewriters[1], f"{rewriters[0]} already recomputes advantages over the rows it "
-                                  "keeps; two subset selectors would overwrite each other's advantages"))
+    for mech in mechanisms():
+        mine = [(k, m, found) for k, m, found in zip(keys, cfg.methods, classes) if m.mechanism == mech.name]
+        if mech.per_block is not None and len(mine) > mech.per_block:
+            issues.append(ConfigIssue(mine[mech.per_block][0], f"a stack may hold {mech.per_block_reason}; "
+                                      f"{mine[0][0]} already uses mechanism {mech.name!r}"))
+        issues.extend(mech.check_stack([(k, found[1]) for k, _, found in mine if found is not None]))
     return issues
 
 
@@ -305,8 +263,8 @@ def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[
                 f"{mkey}.scorer.name", f"{method.actuator.name!r} is defined on the statistic of "
                 f"{' or '.join(repr(n) for n in intended)}; with {method.scorer.name!r} it acts on another "
                 "quantity than its paper's (valid, but read its documentation)"))
-    mixers = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "mix"]
-    selections = [k for k, m in zip(keys, cfg.methods) if m.mechanism == "select"]
+    mixers = [k for k, m in zip(keys, cfg.methods) if mechanism(m.mechanism).samples_domains]
+    selections = [k for k, m in zip(keys, cfg.methods) if mechanism(m.mechanism).drops_rows]
     if mixers and selections:
         warnings.append(ConfigIssue(mixers[0], f"the mixer sees only the rows {', '.join(selections)} keep(s): "
                                     "a domain whose groups are always dropped gives it no statistics"))
@@ -324,12 +282,13 @@ def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[
     return warnings
 
 
-def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIssue]:
+def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) -> list[ConfigIssue]:
     """Run the block's selections, in order, on a probe batch holding one group per number of right
     rollouts (0..n of n, binary rewards): a selection that keeps nothing of what reaches it would skip
     every update, one that keeps everything does nothing. Advisory: a component that cannot run on the
     probe (fields it lacks, state it expects) ends the probe without a warning."""
-    selects = [i for i, m in enumerate(cfg.methods) if m.mechanism == "select" and m.resolved is not None]
+    selects = [i for i, m in enumerate(cfg.methods)
+               if m.resolved is not None and issubclass(m.resolved.actuator.load(), Selector)]
     if not selects or n < 2:
         return []
     import torch
@@ -346,8 +305,9 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int) -> list[ConfigIss
         found = cfg.methods[i].resolved
         assert found is not None
         try:
-            scorer = found.scorer.load()(**found.scorer_params)
-            selector = found.actuator.load()(**found.actuator_params)
+            method = cfg.methods[i]
+            scorer = built.get(method, "scorer", found.scorer.load(), found.scorer_params)
+            selector = built.get(method, "actuator", found.actuator.load(), found.actuator_params)
             assert isinstance(scorer, Scorer) and isinstance(selector, Selector)
             score = as_score(scorer.score(view, 0), scorer, view)
             keep = selector.select(view, score, 0).keep.to(torch.bool) & view.valid_rows

@@ -95,10 +95,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if start and "reward/learnable" in s:
             print(f"reward on learnable domains: {sum(start) / len(start):.3f} (first 10%) -> "
                   f"{s['reward/learnable']:.3f} (last 10%)")
-        per = "  ".join(f"{d} {s[f'reward/{d}']:.2f}" for d in domains if f"reward/{d}" in s)
+        rewards = {d: s.get(f"dataflex/rollout/reward_mean/{d}") for d in domains}
+        per = "  ".join(f"{d} {r:.2f}" for d, r in rewards.items() if r is not None)
         print(f"final reward per domain: {per}")
-        print(f"kept fraction {s.get('train/kept_fraction', 1.0):.3f} (rows trained / rows generated), "
-              f"{int(s.get('train/skipped_updates', 0))} of {len(result.metrics)} updates skipped")
+        print(f"kept fraction {s.get('dataflex/kept_fraction', 1.0):.3f} (rows trained / rows generated), "
+              f"{int(s.get('dataflex/skipped_updates', 0))} of {len(result.metrics)} updates skipped")
         evals = [m for m in result.metrics if "eval/heldout/learnable" in m]
         if evals:
             print(f"held-out accuracy on learnable domains: {evals[0]['eval/heldout/learnable']:.3f} (step "

@@ -41,12 +41,27 @@ def token_log_probs(policy: TinyPolicy, prompts: Tensor, responses: Tensor, temp
 
     Positions after the response's end hold PAD; their values are meaningless and always masked.
     """
+    return _log_probs(policy, prompts, responses, temperature, entropy=False)[0]
+
+
+def token_log_probs_and_entropy(policy: TinyPolicy, prompts: Tensor, responses: Tensor,
+                                temperature: float) -> tuple[Tensor, Tensor]:
+    """:func:`token_log_probs` and the per-token entropy ``[N, T]`` (nats, over the whole output vocabulary,
+    on temperature-scaled logits), from the same forward pass."""
+    logp, entropy = _log_probs(policy, prompts, responses, temperature, entropy=True)
+    assert entropy is not None
+    return logp, entropy
+
+
+def _log_probs(policy: TinyPolicy, prompts: Tensor, responses: Tensor, temperature: float, *,
+               entropy: bool) -> tuple[Tensor, Tensor | None]:
     p = prompts.shape[1]
     inputs = torch.cat([prompts, responses[:, :-1].clamp_max(PAD)], dim=1)
     logits, _ = policy(inputs)
     logp = torch.log_softmax(logits[:, p - 1:] / temperature, dim=-1)
     index = torch.where(responses < NUM_OUTPUTS, responses, torch.zeros_like(responses))
-    return logp.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    chosen = logp.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    return chosen, (-(logp.exp() * logp).sum(-1) if entropy else None)
 
 
 @torch.no_grad()

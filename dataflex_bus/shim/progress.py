@@ -25,8 +25,8 @@ class Progress:
         filled = int(width * done / self.total)
         rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else 0.0
-        parts = [f"reward {m.get('reward/mean', float('nan')):.2f}",
-                 f"kept {m.get('train/kept_fraction', float('nan')):.2f}"]
+        parts = [f"reward {m.get('dataflex/rollout/reward_mean', float('nan')):.2f}",
+                 f"kept {m.get('dataflex/kept_fraction', float('nan')):.2f}"]
         if "eval/heldout/learnable" in m:
             parts.append(f"held-out {m['eval/heldout/learnable']:.2f}")
         line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  " + "  ".join(parts)

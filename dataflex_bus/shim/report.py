@@ -71,7 +71,7 @@ def plot_run(metrics: Sequence[Mapping[str, float]], domains: Sequence[str], pat
     steps = series(metrics, "step")
     ax = axes[0]
     for d in domains:
-        ax.plot(steps, smooth(series(metrics, f"reward/{d}")), label=d)
+        ax.plot(steps, smooth(series(metrics, f"dataflex/rollout/reward_mean/{d}")), label=d)
     ax.set(title=f"training reward (mean of {SMOOTH} steps)", xlabel="step", ylabel="reward", ylim=(-0.02, 1.02))
     i = 1
     if has_eval:
@@ -84,7 +84,7 @@ def plot_run(metrics: Sequence[Mapping[str, float]], domains: Sequence[str], pat
     if has_mix:
         ax = axes[i]
         for d in domains:
-            ax.plot(steps, series(metrics, f"data/prob/{d}"), label=d)
+            ax.plot(steps, series(metrics, f"dataflex/sample_prob/{d}"), label=d)
         ax.set(title="sampling probability per domain", xlabel="step", ylabel="probability", ylim=(0, 1))
     # One legend for every panel (same colour per domain), below them, where it covers no line.
     handles, labels = axes[0].get_legend_handles_labels()
@@ -155,10 +155,10 @@ def plot_compare(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[s
     def per_step(runs: Runs, key: str) -> list[float]:
         return smooth(mean_over_runs(runs, key))
 
-    skipped = {label: _cumsum(mean_over_runs(runs, "train/skipped_update")) for label, runs in groups.items()}
+    skipped = {label: _cumsum(mean_over_runs(runs, "dataflex/skipped_update")) for label, runs in groups.items()}
     any_skip = any(v and max((x for x in v if math.isfinite(x)), default=0.0) > 0 for v in skipped.values())
     probs = {label: [d for d in domains
-                     if _varies(mean_over_runs(runs, f"data/prob/{d}"), 1.0 / max(1, len(domains)))]
+                     if _varies(mean_over_runs(runs, f"dataflex/sample_prob/{d}"), 1.0 / max(1, len(domains)))]
              for label, runs in groups.items()}
     weighted = [label for label, runs in groups.items()
                 if any("dataflex/weight_mean" in m for r in runs for m in r)]
@@ -192,12 +192,12 @@ def plot_compare(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[s
             x = steps_of(runs)
             c, w = colour[label], width[label]
             if panel == "kept":
-                ax.plot(x, per_step(runs, "train/kept_fraction"), color=c, lw=w)
+                ax.plot(x, per_step(runs, "dataflex/kept_fraction"), color=c, lw=w)
             elif panel == "skipped":
                 ax.plot(x, skipped[label], color=c, lw=w)
             elif panel == "probs":
                 for d in probs[label]:
-                    ax.plot(x, per_step(runs, f"data/prob/{d}"), color=c, lw=w,
+                    ax.plot(x, per_step(runs, f"dataflex/sample_prob/{d}"), color=c, lw=w,
                             ls=styles[domains.index(d) % len(styles)])
             elif label in weighted:
                 ax.plot(x, per_step(runs, "dataflex/weight_mean"), color=c, lw=w)

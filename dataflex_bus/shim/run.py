@@ -24,7 +24,7 @@ import torch
 from .. import __version__
 from ..errors import ConfigError, ConfigIssue
 from ..runtime import Runtime
-from .config import RunConfig, host_context, prepare
+from .config import RunConfig, prepare
 from .files import (
     CHECKPOINT,
     METRICS,
@@ -43,6 +43,7 @@ from .files import (
     write_json_in_place,
     write_metrics,
 )
+from .host import describe
 from .progress import Progress
 from .summary import summarize
 from .trainer import ShimTrainer
@@ -85,7 +86,7 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
         raise RunDirError("resume needs a run directory (out=...)")
     resolved = prepared.resolved
     # The shim is where plugins are tried: every hook's batch writes are checked (cheap at this size).
-    runtime = Runtime(prepared.method, context=host_context(resolved), check_writes=True)
+    runtime = Runtime(prepared.method, host=describe(resolved), check_writes=True)
     if out_dir is None:
         return _with_threads(resolved, lambda: _train(resolved, runtime, None, None, progress))
     with claimed_run_dir(out_dir, resume=resume):
@@ -118,7 +119,7 @@ def _read_checkpoint(out_dir: Path, resolved: Mapping[str, Any]) -> dict[str, An
 
 def _provenance(runtime: Runtime) -> dict[str, Any]:
     """What produced a checkpoint: the plugin packs (``name==version``) and dataflex-bus itself."""
-    return {"plugins": runtime.record()["plugins"], "dataflex_bus": __version__}
+    return {"plugins": runtime.provenance()["plugins"], "dataflex_bus": __version__}
 
 
 def _version_changes(before: Any, after: dict[str, Any]) -> list[str]:
@@ -212,7 +213,7 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
     history: list[dict[str, float]] = []
     record: dict[str, Any] = {
         "config": resolved, "seed": t["seed"], "steps": t["steps"], "domains": trainer.domains,
-        "split": trainer.split.record(), "dataflex": runtime.record(), "machine": machine_info(), "sessions": [],
+        "split": trainer.split.record(), "dataflex": runtime.provenance(), "machine": machine_info(), "sessions": [],
         "events": [],
         "status": "running",
     }
@@ -275,8 +276,7 @@ def _close_session(session: dict[str, Any], record: dict[str, Any], trainer: Shi
         session["end_step"] = trainer.step
     record["wall_s"] = round(sum(s.get("wall_s", 0.0) or 0.0 for s in record["sessions"]), 3)
     record["summary"] = summarize(history, trainer.domains)
-    record["counters"] = {"skipped_updates": trainer.skipped_updates, "steps_done": trainer.step,
-                          **trainer.compute}
+    record["counters"] = {"steps_done": trainer.step, **trainer.kit.state_dict()}
     session["observer_failures"] = runtime.observer_failures
     record["observer_failures"] = [{**failure, "session": i} for i, s in enumerate(record["sessions"])
                                    for failure in s.get("observer_failures") or []]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigIssue
+from .sections import MODEL, TRAINER
 from .tasks import MAX_RESPONSE_LEN, NUM_OUTPUTS, PROMPT_LEN, vocab_size
 
 GIB = 1024 ** 3
@@ -94,8 +95,6 @@ def _total(resolved: Mapping[str, Any]) -> int:
 def check_memory(resolved: Mapping[str, Any], limit: int | None = None) -> ConfigIssue | None:
     """An issue when the estimate exceeds ``limit`` (the machine's physical memory by default), keyed by
     the size key whose default value shrinks the estimate most; ``None`` when the run fits."""
-    from .config import MODEL, TRAINER  # the declarations of the sections (config imports this module)
-
     limit = machine_memory() if limit is None else limit
     total = _total(resolved)
     if total <= limit:

@@ -14,7 +14,7 @@ def summarize(metrics: list[dict[str, float]], domains: list[str], tail: int | N
     tail = tail or max(1, len(metrics) // 10)
     last = metrics[-tail:]
     out: dict[str, float] = {}
-    keys = ["reward/mean", "reward/learnable"] + [f"reward/{d}" for d in domains]
+    keys = ["dataflex/rollout/reward_mean", "reward/learnable"] + [f"dataflex/rollout/reward_mean/{d}" for d in domains]
     for key in keys:
         vals = [m[key] for m in last if key in m and math.isfinite(m[key])]
         if vals:
@@ -27,11 +27,11 @@ def summarize(metrics: list[dict[str, float]], domains: list[str], tail: int | N
     final = metrics[-1]
     generated = final.get("compute/generated_rollouts", 0.0)
     if generated:
-        out["train/kept_fraction"] = final.get("compute/trained_rows", 0.0) / generated
-    if "train/skipped_updates" in final:
-        out["train/skipped_updates"] = final["train/skipped_updates"]
+        out["dataflex/kept_fraction"] = final.get("compute/trained_rows", 0.0) / generated
+    if "dataflex/skipped_updates" in final:
+        out["dataflex/skipped_updates"] = final["dataflex/skipped_updates"]
     for d in domains:
-        key = f"data/prob/{d}"
+        key = f"dataflex/sample_prob/{d}"
         if key in metrics[-1]:
             out[key] = metrics[-1][key]
     return out

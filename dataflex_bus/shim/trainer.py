@@ -28,27 +28,18 @@ import torch
 from torch import Tensor
 
 from ..batch import Batch
-from ..decision import (
-    Decision,
-    GroupFill,
-    PromptCounts,
-    PromptFill,
-    carry_out_advantage,
-    carry_out_prompts,
-    carry_out_rollout,
-    kept_groups,
-    sampling_probabilities,
-)
+from ..carry import AdvantageAction
 from ..errors import ConfigError, DataflexError
 from ..ops import grpo_outcome_advantage
 from ..runtime import Runtime
+from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds
 from .config import diff, fingerprint
 from .files import CheckpointError
 from .losses import low_var_kl, policy_loss, token_mean
-from .policy import TinyPolicy, generate, pretrain, token_log_probs
+from .policy import TinyPolicy, generate, pretrain, token_log_probs, token_log_probs_and_entropy
 from .prompt_ids import prompt_table
 from .split import Split
-from .tasks import Prompts, exact_match, vocab_size, zero_signal_fraction
+from .tasks import Prompts, exact_match, vocab_size
 
 FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
@@ -58,39 +49,13 @@ _BASE_GENERATORS = ("init", "pretrain")
 #: that determine them; a few at most (a compare of configs with different models).
 _BASES: dict[str, tuple[dict[str, Tensor], Tensor]] = {}
 _MAX_BASES = 4
-#: Cumulative compute counters, saved with every checkpoint. ``generated_rollouts = trained_rows +
-#: dropped_rows`` always; ``considered_prompts`` counts every candidate a prompt selection looked at.
-COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens", "considered_prompts",
-            "generated_groups", "trained_groups", "dropped_rows")
-
-
 def _generator(seed: int, which: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 64 + _GENERATORS.index(which) + 1)
 
 
-def _concat(batches: list[Batch], domains: list[str]) -> Batch:
-    """The generation rounds of one step as one batch (the shim's rounds share every field's shape)."""
-    if len(batches) == 1:
-        return batches[0]
-    fields = {name: torch.cat([b[name] for b in batches]) for name in batches[0].fields}
-    # Dense group ids offset per round: rounds keep their groups apart and in arrival order (no padding).
-    offsets = torch.cumsum(torch.tensor([0] + [b.num_groups for b in batches[:-1]]), 0).tolist()
-    uid = torch.cat([b.group_index + off for b, off in zip(batches, offsets)])
-    return Batch.from_tensors(uid=uid, domains=torch.cat([b.domain_index for b in batches]), domain_names=domains,
-                              is_padding=torch.cat([b.is_padding for b in batches]), **fields)
-
-
-def after_rollout(batch: Batch, decision: Decision) -> tuple[Batch, bool]:
-    """The shim's side of an ``on_rollout`` decision: the rows to go on with, and whether to skip the
-    update. Removal is physical, before any further compute, as the verl adapter's ``_balance_batch``."""
-    action = carry_out_rollout(batch, decision)
-    return (batch if action.keep is None else batch.select(action.keep)), action.skip_update
-
-
-def after_advantage(batch: Batch, decision: Decision) -> tuple[Batch, bool]:
+def apply_advantage(batch: Batch, action: AdvantageAction) -> tuple[Batch, bool]:
     """The shim's side of an ``on_advantage`` decision: the fields written (as verl writes them to
     TransferQueue), dropped rows removed (already fully masked; removal keeps mini-batches dense)."""
-    action = carry_out_advantage(batch, decision)
     if action.fields:
         batch = batch.with_fields(**action.fields)
     if action.keep is not None:
@@ -124,8 +89,7 @@ class ShimTrainer:
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=t["lr"])
         self.step = 0
         self.next_uid = 0
-        self.skipped_updates = 0
-        self.compute = dict.fromkeys(COUNTERS, 0)
+        self.kit = StepKit(runtime)
         if runtime.mixes:
             runtime.set_domains(self.domains)
         if runtime.needs_prompt_ids:
@@ -150,51 +114,20 @@ class ShimTrainer:
             self.gens["pretrain"].set_state(base[1])  # as the warm start leaves it: checkpoints agree too
 
     # ------------------------------------------------------------------ sampling
-    def domain_probabilities(self) -> Tensor:
-        """Sampling probabilities over ``self.domains`` for the next prompts (uniform unless mixing)."""
-        return sampling_probabilities(self.runtime.domain_probs, self.domains)
+    def _candidates(self, probs: Tensor, n: int) -> Candidates[Prompts]:
+        """``n`` prompts drawn by the domain probabilities, with their prompt ids when a method needs them."""
+        domains = torch.multinomial(probs, n, replacement=True, generator=self.gens["data"])
+        prompts = self.split.draw(domains, self.gens["data"])
+        if not self.runtime.needs_prompt_ids:
+            return Candidates(prompts)
+        return Candidates(prompts, prompts.domains, self.split.train_rows(prompts))
 
-    def _draw(self, probs: Tensor, n_prompts: int) -> Prompts:
-        domains = torch.multinomial(probs, n_prompts, replacement=True, generator=self.gens["data"])
-        return self.split.draw(domains, self.gens["data"])
-
-    def _prompts(self, probs: Tensor, n_prompts: int, step: int, counts: PromptCounts,
-                 metrics: dict[str, float]) -> Prompts:
-        """``n_prompts`` prompts to generate: drawn, or, when a method selects prompts, drawn in rounds of
-        candidates through ``on_prompts`` until ``n_prompts`` are kept (:class:`PromptFill`)."""
-        runtime = self.runtime
-        if not runtime.selects_prompts:
-            prompts = self._draw(probs, n_prompts)
-            counts.considered += n_prompts
-            counts.generated += n_prompts
-            return prompts
-        fill = PromptFill(n_prompts, max_oversample=runtime.max_oversample, on_empty=runtime.prompt_policy,
-                          who="dataflex prompt selection")
-        drawn: list[Prompts] = []
-        while (n := fill.request()) > 0:
-            candidates = self._draw(probs, n)
-            batch = runtime.prompt_candidates(candidates.domains, self.split.train_rows(candidates), self.domains)
-            decision = runtime.emit("on_prompts", batch, step)
-            metrics.update(decision.metrics)
-            fill.add(carry_out_prompts(batch, decision), batch)
-            drawn.append(candidates)
-        chosen = fill.chosen()
-        counts += fill.counts
-        return Prompts.cat(drawn).take(chosen)
+    @staticmethod
+    def _join(chosen: Chosen[Prompts]) -> Prompts:
+        """The chosen candidates of a step's draws, in draw order."""
+        return chosen.only or Prompts.cat(chosen.draws).take(chosen.index)
 
     # ------------------------------------------------------------------ one step
-    def _reward_metrics(self, batch: Batch, metrics: dict[str, float]) -> None:
-        rewards = batch.rewards
-        rows, means = batch.per_domain(rewards)
-        metrics["reward/mean"] = float(rewards.double().mean())
-        for name, count, mean in zip(self.domains, rows.tolist(), means.tolist()):
-            if count:
-                metrics[f"reward/{name}"] = mean
-        learn = self.split.learnable[batch.domain_index]
-        if bool(learn.any()):
-            metrics["reward/learnable"] = float(rewards[learn].double().mean())
-        metrics["response/length_mean"] = float(batch.lengths.double().mean())
-
     def _rollout(self, prompts: Prompts) -> Batch:
         """Generate ``group_size`` responses per prompt and score them: the on_rollout batch."""
         t, n = self.t, self.t["group_size"]
@@ -204,8 +137,8 @@ class ShimTrainer:
         extra = {}
         if self.runtime.needs_prompt_ids:
             # One lookup per prompt, repeated like its rows (a group is contiguous).
-            extra["prompt_index"] = self.runtime.prompt_table.lookup(  # type: ignore[union-attr]
-                prompts.domains, self.split.train_rows(prompts)).repeat_interleave(n)
+            extra["prompt_index"] = self.runtime.prompt_index(prompts.domains,
+                                                              self.split.train_rows(prompts)).repeat_interleave(n)
         self.policy.eval()
         responses, response_mask, rollout_lp = generate(self.policy, rows.tokens, t["temperature"],
                                                         self.gens["rollout"])
@@ -220,53 +153,34 @@ class ShimTrainer:
                                   loss_mask=response_mask.clone(), rm_scores=rm_scores,
                                   rollout_log_probs=rollout_lp, **extra)
 
-    def _generate(self, probs: Tensor, n_prompts: int, step: int, counts: PromptCounts,
-                  metrics: dict[str, float]) -> tuple[Batch, Decision]:
-        """One generation round: prompts -> rollouts -> history -> ``on_rollout``."""
-        batch = self._rollout(self._prompts(probs, n_prompts, step, counts, metrics))
-        self.compute["generated_rollouts"] += len(batch)
-        self.compute["generated_tokens"] += int(batch.lengths.sum())
-        self.compute["generated_groups"] += batch.num_groups
-        for key, value in self.runtime.record_rollouts(batch, step).items():
-            metrics[key] = metrics.get(key, 0.0) + value
-        decision = self.runtime.emit("on_rollout", batch, step)
-        metrics.update(decision.metrics)
-        return batch, decision
-
-    def _generate_step(self, probs: Tensor, step: int, metrics: dict[str, float]) -> tuple[Batch, Batch, bool]:
-        """The step's generation: every row generated, the rows to go on with, and whether to skip the
-        update. With ``dataflex.refill``, rounds until the on_rollout selection kept a full batch."""
-        target = self.t["prompts_per_step"]
-        counts = PromptCounts()
-        refill = self.runtime.refill
-        if refill is None:
-            batch, decision = self._generate(probs, target, step, counts, metrics)
-            kept, skip = after_rollout(batch, decision)
-        else:
-            fill = GroupFill(target, refill)
-            rounds: list[Batch] = []
-            while (n := fill.request()) > 0:
-                batch, decision = self._generate(probs, n, step, counts, metrics)
-                fill.add(kept_groups(batch, decision))
-                rounds.append(batch)
-            train, refill_metrics = fill.train()
-            metrics.update(refill_metrics)
-            batch = _concat(rounds, self.domains)
-            # Shim uids grow with every prompt, so group order is arrival order across the rounds.
-            decision = Decision()
-            decision.keep = train[batch.group_index.clamp_min(0)] & batch.valid_rows
-            kept, skip = after_rollout(batch, decision)
-        self.compute["considered_prompts"] += counts.considered
-        if self.runtime.selects_prompts:
-            metrics.update(counts.metrics())
-        return batch, kept, skip
+    def _generate_step(self, step: Step, probs: Tensor) -> tuple[Batch, Batch, bool]:
+        """The step's generation through the host kit: every row generated, the rows to go on with, and
+        whether to skip the update. With ``dataflex.refill``, rounds until the on_rollout selection kept a
+        full batch."""
+        gen = step.generation(self.t["prompts_per_step"])
+        rounds: list[Batch] = []
+        while (n := gen.request()) > 0:
+            batch = self._rollout(self._join(step.prompts(n, lambda k: self._candidates(probs, k))))
+            gen.add(batch)
+            rounds.append(batch)
+        outcome = gen.finish()
+        # Shim uids grow with every prompt, so group order is arrival order across the rounds.
+        generated = concat_rounds(rounds)
+        keep = outcome.keep([len(b) for b in rounds])
+        return generated, (generated if keep is None else generated.select(keep)), outcome.skip_update
 
     def _advantages(self, batch: Batch) -> Batch:
-        """Old (and reference) log-probs and GRPO advantages: the on_advantage batch."""
+        """Old (and reference) log-probs, the old policy's entropy when asked for, and GRPO advantages: the
+        on_advantage batch."""
         t = self.t
+        wanted = self.runtime.fields("on_advantage") | self.runtime.fields("on_step_end")
         with torch.no_grad():
-            old_lp = token_log_probs(self.policy, batch["prompts"], batch["responses"], t["temperature"])
             extra = {}
+            if "entropy" in wanted:
+                old_lp, extra["entropy"] = token_log_probs_and_entropy(self.policy, batch["prompts"],
+                                                                       batch["responses"], t["temperature"])
+            else:
+                old_lp = token_log_probs(self.policy, batch["prompts"], batch["responses"], t["temperature"])
             if self.reference is not None:
                 extra["ref_log_prob"] = token_log_probs(self.reference, batch["prompts"], batch["responses"],
                                                         t["temperature"])
@@ -275,65 +189,55 @@ class ShimTrainer:
         return batch.with_fields(old_log_probs=old_lp, advantages=adv, returns=adv,
                                  rollout_is_weights=torch.ones_like(mask), **extra)
 
+    def _learnable_reward(self, batch: Batch, metrics: dict[str, float]) -> None:
+        """The testbed's own reading of the rollouts: mean reward on the learnable domains."""
+        learn = self.split.learnable[batch.domain_index]
+        if bool(learn.any()):
+            metrics["reward/learnable"] = float(batch.rewards[learn].double().mean())
+
     def train_step(self) -> dict[str, float]:
         """Run one GRPO step and return its metrics (deterministic given the trainer state, except the
         ``time/*`` wall times)."""
-        step = self.step
+        index = self.step
         started = time.perf_counter()
-        metrics: dict[str, float] = {"step": float(step)}
+        metrics: dict[str, float] = {"step": float(index)}
         every = self.t["eval_every"]
-        if every and step == 0:
+        if every and index == 0:
             metrics.update(self.evaluate())  # the base policy, before any update
-        probs = self.domain_probabilities()
-        for name, p in zip(self.domains, probs.tolist()):
-            metrics[f"data/prob/{name}"] = p
+        step = self.kit.begin(index)
+        probs = step.domain_probabilities(self.domains)
 
-        generated, batch, skip = self._generate_step(probs, step, metrics)
+        generated, batch, skip = self._generate_step(step, probs)
         metrics["time/generate_s"] = time.perf_counter() - started
-        self._reward_metrics(generated, metrics)
-        metrics["data/zero_signal_groups"] = zero_signal_fraction(generated.rewards, generated.group_index,
-                                                                  generated.num_groups)
-        rolled = len(generated)
+        self._learnable_reward(generated, metrics)
 
         tick = time.perf_counter()
         batch = self._advantages(batch)
         metrics["time/logprob_s"] = time.perf_counter() - tick
 
-        decision = self.runtime.emit("on_advantage", batch, step)
-        metrics.update(decision.metrics)
-        batch, skipped = after_advantage(batch, decision)
-        skip = skip or skipped
-
-        trained = 0 if skip else len(batch)
-        metrics["train/kept_fraction"] = trained / rolled if rolled else 0.0
-        metrics["train/skipped_update"] = float(skip or trained == 0)
+        batch, skipped = apply_advantage(batch, step.advantage(batch))
+        skip = skip or skipped or len(batch) == 0
         tick = time.perf_counter()
-        if skip or trained == 0:
-            self.skipped_updates += 1
+        if skip:
+            step.skipped()
         else:
             metrics.update(self._update(batch))
-            self.compute["trained_rows"] += trained
-            self.compute["trained_tokens"] += int(batch["loss_mask"].sum())
-            self.compute["trained_groups"] += batch.num_groups
-        self.compute["dropped_rows"] += rolled - trained
+            step.trained_batch(batch)
         metrics["time/update_s"] = time.perf_counter() - tick
-        metrics["train/skipped_updates"] = float(self.skipped_updates)
 
-        decision = self.runtime.emit("on_step_end", batch, step)
-        metrics.update(decision.metrics)
+        metrics.update(step.end(batch))
         self.step += 1
-        if every and self.step % every == 0 and step > 0:
+        if every and self.step % every == 0 and index > 0:
             metrics.update(self.evaluate())
         metrics.update(self.compute_metrics())
         metrics["time/step_s"] = time.perf_counter() - started
         return metrics
 
     def compute_metrics(self) -> dict[str, float]:
-        """The cumulative counters and the modelled cost (generation weighted as in LLM RL)."""
-        out = {f"compute/{k}": float(v) for k, v in self.compute.items()}
-        out["compute/modelled_cost"] = (self.t["generation_cost"] * self.compute["generated_tokens"]
-                                        + self.compute["trained_tokens"])
-        return out
+        """The modelled cost of the run so far (generation weighted as in LLM RL), from the kit's counters."""
+        counters = self.kit.counters
+        return {"compute/modelled_cost": (self.t["generation_cost"] * counters["generated_tokens"]
+                                          + counters["trained_tokens"])}
 
     def _update(self, batch: Batch) -> dict[str, float]:
         t = self.t
@@ -394,7 +298,7 @@ class ShimTrainer:
             "optimizer": self.optimizer.state_dict(),
             "rng": {name: g.get_state() for name, g in self.gens.items()},
             "sampler": {"next_uid": self.next_uid},
-            "counters": {"skipped_updates": self.skipped_updates, **self.compute},
+            "counters": self.kit.state_dict(),
             "runtime": self.runtime.state_dict(),
         }
 
@@ -421,9 +325,7 @@ class ShimTrainer:
             for name, g in self.gens.items():
                 g.set_state(state["rng"][name])
             self.next_uid = int(state["sampler"]["next_uid"])
-            counters = state["counters"]
-            self.skipped_updates = int(counters["skipped_updates"])
-            self.compute = {k: int(counters[k]) for k in COUNTERS}
+            self.kit.load_state_dict(state["counters"])
             self.step = int(state["step"])
         except (KeyError, TypeError, RuntimeError, ValueError, AttributeError, IndexError) as exc:
             raise CheckpointError(f"{source} is damaged ({type(exc).__name__}: {exc}); start a fresh "

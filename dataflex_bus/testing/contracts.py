@@ -23,7 +23,8 @@ from .factories import make_batch, make_prompt_batch
 
 if TYPE_CHECKING:
     from ..batch import Batch
-    from ..pipeline import Decision
+    from ..decision import Decision
+    from ..host import HostDescription
     from ..registry import Registry
 
 
@@ -43,15 +44,16 @@ def _label(component: Component) -> str:
 
 
 def apply_method(block: Mapping[str, Any], batch: Batch, *, step: int = 0, registry: Registry | None = None,
-                 context: Mapping[str, Any] | None = None) -> Decision:
+                 host: HostDescription | None = None) -> Decision:
     """Build the ``dataflex`` block (by component names) and apply it to ``batch`` at ``step``.
 
     Names resolve through the installed plugins plus in-process registrations (pass ``registry`` to use
-    another one). A mix block gets the batch's domain names unless it lists ``domains``.
+    another one); the block is checked against ``host`` (default: any host). A mix block gets the batch's
+    domain names unless it lists ``domains``.
     """
     from ..pipeline import build_pipeline
 
-    pipeline = build_pipeline(block, registry, context=context)
+    pipeline = build_pipeline(block, registry, host=host)
     if isinstance(pipeline.actuator, Mixer) and not pipeline.config.domains:
         pipeline.set_domains(batch.domain_names)
     return pipeline.apply(batch, step)

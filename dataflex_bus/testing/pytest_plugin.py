@@ -82,7 +82,7 @@ def dataflex_register_plugin() -> Iterator[Callable[..., ComponentSpec]]:
     the first registration. Everything registered is removed afterwards, and discovery is reset on
     both ends so registries built during the test never leak into the next one.
     """
-    from dataflex_bus.registry import SLOT, local_specs, register_local, unregister_local
+    from dataflex_bus.registry import local_specs, register_local, slot_of, unregister_local
 
     # (kind, name, registration it shadowed): a name already registered in-process (by a decorator)
     # is put back as it was after the test.
@@ -90,7 +90,7 @@ def dataflex_register_plugin() -> Iterator[Callable[..., ComponentSpec]]:
 
     def register(kind: str, name: str, target: Any, summary: str = "") -> ComponentSpec:
         previous = next((s for s in local_specs()
-                         if s.name == name and SLOT.get(s.kind) == SLOT.get(kind)), None)
+                         if s.name == name and slot_of(s.kind) == slot_of(kind)), None)
         spec = register_local(kind, name, target, summary=summary)
         registered.append((kind, name, previous))
         return spec

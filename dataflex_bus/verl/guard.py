@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError, ConfigIssue
 from . import TRAINER_MODES
+from .host import select
 
 log = logging.getLogger("dataflex_bus")
 
@@ -44,15 +45,6 @@ def has_block(config: Any) -> bool:
     return bool(block)
 
 
-def _select(config: Any, path: str, default: Any) -> Any:
-    node = config
-    for part in path.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part, None)
-    return default if node is None else node
-
-
 def _mode_issue(mode: str) -> ConfigIssue:
     ours = sorted(TRAINER_MODES)
     if mode in DATAFLEX_MODE_FOR:
@@ -69,11 +61,11 @@ def ignored_issue(config: Any) -> ConfigIssue | None:
     ``dataflex`` block; ``None`` when there is no block or a dataflex mode runs it."""
     if not has_block(config):
         return None
-    if not bool(_select(config, "trainer.use_v1", True)):
+    if not bool(select(config, "trainer.use_v1", True)):
         return ConfigIssue("trainer.use_v1", "False runs verl's legacy trainer (main_ppo_v0), which ignores the "
                            "dataflex block and would train plain GRPO",
                            hint="set trainer.use_v1=True trainer.v1.trainer_mode=dataflex_sync")
-    mode = str(_select(config, "trainer.v1.trainer_mode", "sync"))
+    mode = str(select(config, "trainer.v1.trainer_mode", "sync"))
     return None if mode in TRAINER_MODES else _mode_issue(mode)
 
 
@@ -107,7 +99,7 @@ def _guard(init: Callable[..., None], judge: Callable[[Any, Any], ConfigIssue | 
 
 
 def _judge_v1(trainer: Any, config: Any) -> ConfigIssue | None:
-    return _mode_issue(str(_select(config, "trainer.v1.trainer_mode", "sync")))
+    return _mode_issue(str(select(config, "trainer.v1.trainer_mode", "sync")))
 
 
 def _judge_legacy(trainer: Any, config: Any) -> ConfigIssue | None:

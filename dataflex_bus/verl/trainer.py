@@ -1,39 +1,43 @@
 """The dataflex trainer modes for verl 0.9.1 (``trainer.v1.trainer_mode=dataflex_sync``, and
 ``dataflex_colocate_async`` / ``dataflex_separate_async`` for verl's asynchronous trainers).
 
-:class:`DataflexTrainer` runs the configured dataflex method inside verl's real step, at four
-single-method hook points that all of verl's v1 trainers share (verl 0.9.1,
-``verl/trainer/ppo/v1/trainer_base.py``: ``PPOTrainer._step_once`` is the one step skeleton, and neither
-async trainer overrides these hooks); each mode is that class on top of verl's own trainer:
+:class:`DataflexTrainer` is verl's host adapter: it moves tensors between TransferQueue and
+:class:`~dataflex_bus.Batch` and calls the host kit's step drivers (:mod:`dataflex_bus.steps`) at single-method
+hook points that all of verl's v1 trainers share (verl 0.9.1, ``verl/trainer/ppo/v1/trainer_base.py``:
+``PPOTrainer._step_once`` is the one step skeleton, and neither async trainer overrides these hooks); each
+mode is that class on top of verl's own trainer:
 
-* ``_balance_batch`` -> **on_rollout**: rewards are in TransferQueue, nothing else is computed yet.
-  Dropped groups are removed from the batch (``KVBatchMeta.select_keys``) and from TQ (``kv_clear``)
-  *before* verl pads the batch, so old-log-prob, reference, critic and actor compute is not spent on
-  them.
-* ``_compute_advantage`` -> **on_advantage**: weights are multiplied into any ``rollout_is_weights``
-  verl wrote, sample-level drops zero ``response_mask``, ``loss_mask`` and ``advantages``, subset
-  selectors rewrite ``advantages``; written for every key, padding included, and the meta returned by
-  *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields. A mini-batch
-  whose every row was dropped is handled by ``on_empty`` (see :func:`minibatch_blocks`).
-* ``step`` -> **on_step_end**: before ``fit`` saves the step's checkpoint, so mixer/bandit updates are
-  in it.
-* ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn
-  by the pipeline's domain probabilities (:class:`~dataflex_bus.verl.sampler.DomainSampler`).
-* ``_next_train_batch`` -> **on_prompts**: a step's first prompts and every refill are pulled in
-  ``gen_batch_size`` chunks and pre-filtered (:class:`~dataflex_bus.decision.PromptFill`) until enough
-  are kept, so only kept prompts reach the agent loop.
-* the replay buffer (:class:`~dataflex_bus.verl.buffer.DataflexReplayBuffer`, when a prompt history is
-  kept under ``algorithm.filter_groups`` or ``dataflex.refill`` is set): every finished group enters the
-  history before anything is evicted, and under ``dataflex.refill`` the ``on_rollout`` selection decides
-  which groups verl evicts and refills.
+* ``_next_train_batch`` -> **prompts** (``Step.prompts``): a step's first prompts and every refill are
+  pulled in ``gen_batch_size`` chunks and, when a method selects prompts, put through ``on_prompts`` until
+  enough are kept, so only kept prompts reach the agent loop.
+* ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn by
+  the published domain probabilities (:class:`~dataflex_bus.verl.sampler.DomainSampler`).
+* ``_balance_batch`` -> **on_rollout** (``Generation.add``): rewards are in TransferQueue, nothing else is
+  computed yet. Dropped groups are removed from the batch (``KVBatchMeta.select_keys``) and from TQ
+  (``kv_clear``) *before* verl pads the batch, so old-log-prob, reference, critic and actor compute is not
+  spent on them.
+* the replay buffer (:class:`~dataflex_bus.verl.buffer.DataflexReplayBuffer`): under ``dataflex.refill``
+  its ``sample`` runs the kit's generation rounds (every refill policy: each round is dispatched, waited
+  for, put through ``on_rollout``; the kit's fill decides the next round and which groups train); under
+  verl's own ``algorithm.filter_groups`` it shows every finished group to the kit (counters, prompt
+  history) before verl evicts it.
+* ``_compute_advantage`` -> **on_advantage** (``Step.advantage``): weights are multiplied into any
+  ``rollout_is_weights`` verl wrote, sample-level drops zero ``response_mask``, ``loss_mask`` and
+  ``advantages``, subset selectors rewrite ``advantages``; written for every key, padding included, and the
+  meta returned by *our* ``kv_batch_put`` is passed on, so the actor's worker really receives the fields. A
+  mini-batch whose every row was dropped is handled by ``on_empty``
+  (:func:`~dataflex_bus.verl.blocks.minibatch_blocks`).
+* ``step`` -> **on_step_end** (``Step.end``): before ``fit`` saves the step's checkpoint, so mixer/bandit
+  updates are in it; the step's batch is read from TQ only when a method or observer listens there.
 
 Prompt ids are ``(data_source, extra_info.index)`` (the ``dataflex.domain_key`` column and the index),
 checked unique over the training dataset when the dataloader is built. Plugin state (the per-prompt
-history included) is saved as ``global_step_N/dataflex_state.pt`` before verl's checkpoint (whose tracker
-file is written last) and restored after verl's ``_load_checkpoint``. Each mode sets
-``self.trainer_mode`` to the verl mode it runs (``sync``, ``colocate_async``, ``separate_async``), because
-verl branches on those literal strings (replay buffer type, forced ``gen_batch_size=1``, TQ snapshots in
-checkpoints, the ``trainer.v1.<mode>`` section); any other string silently selects the async paths.
+history and the kit's counters included) is saved as ``global_step_N/dataflex_state.pt`` before verl's
+checkpoint (whose tracker file is written last) and restored after verl's ``_load_checkpoint``. Each mode
+sets ``self.trainer_mode`` to the verl mode it runs (``sync``, ``colocate_async``, ``separate_async``),
+because verl branches on those literal strings (replay buffer type, forced ``gen_batch_size=1``, TQ
+snapshots in checkpoints, the ``trainer.v1.<mode>`` section); any other string silently selects the async
+paths.
 
 The modes register themselves as the last statements of this module, so a failing import never leaves
 a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
@@ -44,6 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -66,21 +71,14 @@ from verl.utils.dataset.rl_dataset import collate_fn
 
 from .. import __version__
 from ..batch import Batch
-from ..decision import (
-    Decision,
-    PromptCounts,
-    PromptFill,
-    carry_out_advantage,
-    carry_out_prompts,
-    carry_out_rollout,
-    kept_groups,
-    sampling_probabilities,
-)
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
-from ..history import PromptTable
 from ..runtime import Runtime
-from .buffer import DATAFLEX_METRIC, DataflexReplayBuffer
+from ..steps import Candidates, Step, StepKit
+from .blocks import minibatch_blocks
+from .buffer import DataflexReplayBuffer
 from .guard import DATAFLEX_MODE_FOR
+from .host import describe
+from .prompts import candidate_ids, check_domain_column, dataset_prompt_table
 from .sampler import DomainSampler
 from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
@@ -90,13 +88,8 @@ log = logging.getLogger("dataflex_bus")
 STATE_FILE = "dataflex_state.pt"
 #: Fields every event reads, whatever the method: labels, rewards and the response mask.
 BASE_FIELDS = ("uid", "response_mask", "rm_scores")
-#: verl policy losses that ignore ``rollout_is_weights`` entirely (core_algos.py, bypass_mode).
-WEIGHT_IGNORING_LOSSES = frozenset({"bypass_mode"})
-#: verl policy losses that collapse per-token weights to a per-sequence geometric mean.
-WEIGHT_COLLAPSING_LOSSES = frozenset({"geo_mean"})
 
 
-# ---------------------------------------------------------------------------- config helpers
 def dataflex_block(config: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``dataflex`` block of a verl config as a plain dict (``None`` when absent)."""
     block = config.get("dataflex", None)
@@ -107,152 +100,9 @@ def dataflex_block(config: DictConfig | Mapping[str, Any]) -> dict[str, Any] | N
     return dict(block)
 
 
-def host_context(config: DictConfig) -> dict[str, Any]:
-    """What the foundation's validation needs to know about this verl run."""
-    return {"adv_estimator": str(config.algorithm.adv_estimator),
-            "rollout_n": int(config.actor_rollout_ref.rollout.n)}
-
-
 def build_runtime(config: DictConfig) -> Runtime:
-    """The runtime of ``config``'s ``dataflex`` block, validated and checked against the verl config."""
-    runtime = Runtime(dataflex_block(config), context=host_context(config))
-    check_host_config(config, runtime)
-    return runtime
-
-
-def check_host_config(config: DictConfig, runtime: Runtime) -> None:
-    """Refuse verl settings under which the configured method would silently do nothing.
-
-    Raises :class:`ConfigError`; logs a warning for settings that weaken, but do not disable, it.
-    """
-    mechanisms = runtime.mechanisms
-    if not mechanisms:
-        return
-    actor = config.actor_rollout_ref.actor
-    loss_mode = str(OmegaConf.select(actor, "policy_loss.loss_mode", default="vanilla"))
-    if "reweight" in mechanisms and loss_mode in WEIGHT_IGNORING_LOSSES:
-        raise ConfigError(ConfigIssue(
-            "actor_rollout_ref.actor.policy_loss.loss_mode",
-            f"verl's {loss_mode!r} policy loss ignores rollout_is_weights, so dataflex.mechanism=reweight "
-            "would change nothing; use a loss that multiplies the weights",
-            ["vanilla", "gspo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "dro", "cispo"]))
-    if "reweight" in mechanisms and loss_mode in WEIGHT_COLLAPSING_LOSSES:
-        log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
-                    "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
-    agg = str(actor.get("loss_agg_mode", "token-mean"))
-    if (agg == "seq-mean-token-sum-norm" and actor.get("loss_scale_factor", None) is None
-            and runtime.drops_rows_at("on_advantage")):
-        raise ConfigError(ConfigIssue(
-            "actor_rollout_ref.actor.loss_scale_factor",
-            "is null, so loss_agg_mode=seq-mean-token-sum-norm divides by the padded response width of each "
-            "micro-batch, which still counts the rows a dataflex method masks at on_advantage: such a drop "
-            "would not equal removing the row",
-            hint="set it to a constant, e.g. actor_rollout_ref.actor.loss_scale_factor="
-                 f"{int(config.data.get('max_response_length', 0) or 0) or '<max_response_length>'}"))
-    if "select" in mechanisms and agg.startswith("seq-mean"):
-        log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
-                    "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
-    filter_groups = config.algorithm.get("filter_groups", None)
-    verl_dapo = filter_groups is not None and bool(filter_groups.get("enable", False))
-    refill = runtime.refill
-    if refill is not None:
-        if verl_dapo:
-            raise ConfigError(ConfigIssue("dataflex.refill", "algorithm.filter_groups already refills zero-variance "
-                                          "groups inside verl's replay buffer; use one of the two"))
-        if refill.policy != "credit2":
-            raise ConfigError(ConfigIssue("dataflex.refill.policy", f"under verl the replay buffer refills two prompts "
-                                          f"per evicted group (credit2); {refill.policy!r} cannot be carried out "
-                                          "there", ["credit2"]))
-        if refill.on_exhaust == "train_short":
-            raise ConfigError(ConfigIssue("dataflex.refill.on_exhaust", "verl's sync replay buffer always trains "
-                                          "train_batch_size groups; it cannot train short",
-                                          ["raise", "pad_with_filtered"]))
-    if verl_dapo and runtime.filters_zero_variance():
-        log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "
-                    "a dataflex selector that drops zero-variance groups will find nothing to drop after it")
-
-
-def check_domain_column(frame: Any, domain_key: str) -> None:
-    """Refuse a training dataset without the ``dataflex.domain_key`` column, listing the columns it has."""
-    if domain_key not in frame.column_names:
-        raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {domain_key!r} is not in the training "
-                                      "dataset", list(frame.column_names)))
-
-
-def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt") -> PromptTable:
-    """The training dataset's prompt ids ``(domain_key column, extra_info.index)``, checked once.
-
-    verl's ``RLHFDataset`` gives a row without ``extra_info.index`` the index 0 and each fetch a fresh
-    ``uid``, so neither identifies a prompt across steps: every row must carry its own index. Rows
-    sharing an id are accepted only when their prompts are identical (a repeated prompt is one prompt).
-    """
-    columns = list(frame.column_names)
-    check_domain_column(frame, domain_key)
-    n = len(frame)
-    infos = frame["extra_info"] if "extra_info" in columns else [None] * n
-    missing = [i for i, info in enumerate(infos) if not isinstance(info, Mapping) or info.get("index") is None]
-    if missing:
-        raise ConfigError(ConfigIssue(
-            "extra_info.index", f"{len(missing)} of {n} training rows (the first: row {missing[0]}) have no "
-            "extra_info.index; verl gives them all index 0, so their per-prompt histories would merge. Set a "
-            "unique extra_info.index per prompt of a data source"))
-    indices = [info["index"] for info in infos if isinstance(info, Mapping)]
-    try:
-        rows = torch.tensor([int(i) for i in indices], dtype=torch.long)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(ConfigIssue("extra_info.index", f"must be an integer in every training row ({exc})")) \
-            from None
-    labels = [str(x) for x in frame[domain_key]]
-    names = sorted(set(labels))
-    position = {name: i for i, name in enumerate(names)}
-    ids = torch.tensor([position[x] for x in labels], dtype=torch.long)
-    keys = ids * (rows.max() + 1) + rows
-    uniq, inverse, counts = torch.unique(keys, return_inverse=True, return_counts=True)
-    if bool((counts > 1).any()):
-        repeated = torch.nonzero(counts[inverse] > 1).flatten().tolist()
-        prompts = frame[prompt_key] if prompt_key in columns else [None] * n
-        first: dict[int, Any] = {}
-        for i in repeated:  # only rows whose id repeats: compare their prompts
-            key = int(keys[i])
-            if key in first and first[key] != prompts[i]:
-                raise ConfigError(ConfigIssue(
-                    "extra_info.index", f"rows with data source {labels[i]!r} and extra_info.index={int(rows[i])} "
-                    "hold different prompts; set a unique extra_info.index per prompt of a data source"))
-            first.setdefault(key, prompts[i])
-        firsts = torch.full((uniq.numel(),), n, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(n), "amin")
-        ids, rows = ids[firsts], rows[firsts]
-    return PromptTable(names, ids, rows, column="extra_info.index")
-
-
-# ---------------------------------------------------------------------------- batch statistics
-def row_metrics(prefix: str, rows: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor) -> dict[str, float]:
-    """Rows, groups, reward and response-length statistics over ``rows`` (bool ``[B]``), from per-row
-    ``rewards``, response ``lengths`` and group index ``groups``."""
-    n = int(rows.sum())
-    count = int(torch.unique(groups[rows]).numel()) if n else 0
-    out: dict[str, float] = {f"{prefix}rows": float(n), f"{prefix}groups": float(count)}
-    if n == 0:
-        return out
-    rewards = rewards[rows].double()
-    lengths = lengths[rows].double()
-    out.update({
-        f"{prefix}reward_mean": float(rewards.mean()),
-        f"{prefix}reward_std": float(rewards.std()) if n > 1 else 0.0,
-        f"{prefix}reward_min": float(rewards.min()),
-        f"{prefix}reward_max": float(rewards.max()),
-        f"{prefix}response_length_mean": float(lengths.mean()),
-    })
-    return out
-
-
-def trained_metrics(trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: Tensor,
-                    groups: Tensor) -> dict[str, float]:
-    """``dataflex/trained/*``: the rows and tokens the actor update really trains on (``trained``: bool
-    ``[B]``; ``tokens``: each row's loss-mask tokens as the actor receives them). verl's ``critic/score/*``
-    and ``response_length/*`` still count the rows a method masked."""
-    out = row_metrics("dataflex/trained/", trained, rewards, lengths, groups)
-    out["dataflex/trained/tokens"] = float(tokens[trained].sum())
-    return out
+    """The runtime of ``config``'s ``dataflex`` block, validated against verl's host description of it."""
+    return Runtime(dataflex_block(config), host=describe(config))
 
 
 def nested_row_counts(t: Tensor) -> Tensor:
@@ -262,40 +112,9 @@ def nested_row_counts(t: Tensor) -> Tensor:
     return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=offsets)
 
 
-def rollout_metrics(batch: Batch) -> dict[str, float]:
-    """Pre-selection statistics (verl's own metrics only ever see the kept samples)."""
-    out = row_metrics("dataflex/rollout/", batch.valid_rows, batch.rewards, batch.lengths, batch.group_index)
-    out["dataflex/rollout/groups"] = float(batch.num_groups)
-    if not out["dataflex/rollout/rows"]:
-        return out
-    if batch.domain_ids is not None and batch.domain_names:
-        rows, means = batch.per_domain(batch.rewards)
-        for name, count, mean in zip(batch.domain_names, rows.tolist(), means.tolist()):
-            out[f"dataflex/rollout/rows/{name}"] = float(count)
-            if count:
-                out[f"dataflex/rollout/reward_mean/{name}"] = mean
-    return out
-
-
-# ---------------------------------------------------------------------------- mini-batches
-def minibatch_blocks(rows: int, mini_batch_size: int, dp_size: int, *, epochs: int = 1, shuffle: bool = False,
-                     seed: int = 42) -> Tensor:
-    """Long ``[K, mini_batch_size]``: the rows of each mini-batch verl's actor update steps on, in the
-    order of the batch it receives (``K`` = ``epochs * rows / mini_batch_size``).
-
-    verl hands DP rank ``r`` the ``r``-th contiguous chunk of the batch, and each rank walks its chunk
-    with ``tensordict_utils.make_iterator`` (seed ``seed + r``); mini-batch ``j`` is the ``j``-th
-    local batch of every rank together, and its token-mean divides by its loss-mask sum over all ranks.
-    The same iterator runs here on row numbers, so shuffled orders come out exactly as verl draws them.
-    """
-    local, per_rank = rows // dp_size, mini_batch_size // dp_size
-    index = TensorDict({"row": torch.arange(local)}, batch_size=local)
-    ranks = []
-    for rank in range(dp_size):  # one iterator per rank, one entry per mini-batch: never per row
-        batches = tu.make_iterator(index, mini_batch_size=per_rank, epochs=epochs, seed=seed + rank,
-                                   dataloader_kwargs={"shuffle": shuffle})
-        ranks.append(torch.stack([b["row"] for b in batches]) + rank * local)
-    return torch.cat(ranks, dim=1)
+def uid_of(key: str) -> str:
+    """The prompt uid of a trajectory key ``{uid}_{session}_{index}`` (a uid holds no ``_``)."""
+    return key.split("_")[0]
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -312,14 +131,15 @@ class DataflexTrainer(PPOTrainer):
     def __init__(self, config: DictConfig) -> None:
         # Build (and strictly validate) the method first: errors reach the driver before any worker starts.
         self.dataflex = build_runtime(config)
+        self.kit = StepKit(self.dataflex)
+        self._step: Step | None = None
         self.domain_key = self.dataflex.domain_key
         self.domain_sampler: DomainSampler | None = None
         self._skip_update = False
         self._drawn: dict[str, int] = {}
-        self._prompt_counts = PromptCounts()
-        #: Metrics of events emitted outside a step method's ``metrics`` dict (prompt fetches, the buffer).
-        self._event_metrics: dict[str, float] = {}
         self._refill_dispatched = 0
+        #: Prompt uids submitted for generation since the last round began (refill rounds).
+        self._dispatched: list[str] = []
         self._empty_blocks_seen = 0
         self._rewards: dict[str, float] = {}
         super().__init__(config)
@@ -337,20 +157,28 @@ class DataflexTrainer(PPOTrainer):
             raise ConfigError(ConfigIssue(
                 "dataflex.refill", f"refill runs through verl's synchronous replay buffer; trainer mode "
                 f"{self.verl_mode!r} uses {type(buffer).__name__}", ["trainer.v1.trainer_mode=dataflex_sync"]))
-        if type(buffer) is not ReplayBuffer or not (refill or (self.dataflex.keeps_history
-                                                               and buffer.filter_groups_metric is not None)):
+        # verl's own filter_groups evicts groups inside the buffer: show them to the kit first (counters,
+        # history); under dataflex.refill the buffer runs the kit's rounds.
+        if type(buffer) is not ReplayBuffer or not (refill or buffer.filter_groups_metric is not None):
             return buffer
         if refill:
             buffer.gen_batch_size = 1  # exact refills, as verl sets for its own DAPO
             buffer.train_batch_size = self.config.data.train_batch_size
             buffer.refill_fn = self._refill
-        return DataflexReplayBuffer.like(buffer, on_finished=self._on_finished,
-                                         filter_groups_metric=DATAFLEX_METRIC if refill else None)
+        return DataflexReplayBuffer.like(buffer, on_finished=None if refill else self._on_finished,
+                                         rounds=self._generation_rounds if refill else None)
 
     # ------------------------------------------------------------------ events
     def _step_index(self) -> int:
         """0-based step index given to the bus (verl counts global steps from 1)."""
         return max(self.global_steps - 1, 0)
+
+    def _current_step(self) -> Step:
+        """The host kit's step being run; begun lazily, since asynchronous modes fetch the next step's
+        prompts while the current one trains."""
+        if self._step is None:
+            self._step = self.kit.begin(self._step_index())
+        return self._step
 
     def _event_fields(self, event: str) -> set[str]:
         """What to fetch from TransferQueue at ``event``: the fields every event guarantees, those
@@ -364,7 +192,7 @@ class DataflexTrainer(PPOTrainer):
               emits: bool = True) -> tuple[Batch, TensorDict]:
         """The batch of ``meta`` at ``event`` from TQ, and the fetched TensorDict (whose nested
         ``response_mask`` gives the row lengths for writing back). ``emits=False``: no event is emitted on
-        the batch (metrics, history), so only the base fields are fetched, not what the methods read."""
+        the batch (counters, history), so only the base fields are fetched, not what the methods read."""
         fields = (self._event_fields(event) if emits else {*BASE_FIELDS, self.domain_key}) | set(extra_fields)
         data = fetch(meta, fields)
         if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
@@ -378,17 +206,18 @@ class DataflexTrainer(PPOTrainer):
                                   "dataflex.domain_key to a dataset column")
         return batch, data
 
-    def _emit(self, event: str, meta: KVBatchMeta,
-              extra_fields: Iterable[str] = ()) -> tuple[Decision, Batch, TensorDict]:
-        """Read the batch from TQ, emit ``event`` on the bus; returns the decision, the batch and the
-        fetched TensorDict."""
-        batch, data = self._read(event, meta, extra_fields)
-        return self.dataflex.emit(event, batch, self._step_index()), batch, data
+    def _rollouts(self, meta: KVBatchMeta, *, emits: bool) -> Batch:
+        """The rollouts of ``meta`` as the on_rollout batch, with prompt ids when the history is kept."""
+        history = self.dataflex.keeps_history
+        batch, data = self._read("on_rollout", meta, ["index"] if history else [], emits=emits)
+        if history:
+            batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
+        return batch
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, *args: Any, **kwargs: Any) -> KVBatchMeta:
         """on_rollout, then verl's padding and sequence balancing on what is left."""
         self._skip_update = False
-        batch = self._on_rollout(batch, metrics)
+        batch = self._on_rollout(batch)
         batch = super()._balance_batch(batch, metrics, *args, **kwargs)
         # What old-log-prob, reference, critic and actor compute will run on: verl pads the kept rows
         # back to a multiple of lcm(dp, ppo_mini_batch_size * n) with synthetic 128-token rows.
@@ -399,180 +228,185 @@ class DataflexTrainer(PPOTrainer):
         return batch
 
     @property
-    def _buffer_sees_rollouts(self) -> bool:
-        """The replay buffer hands every finished group to :meth:`_on_finished` (history, refill)."""
-        return isinstance(getattr(self, "replay_buffer", None), DataflexReplayBuffer)
+    def _buffer_counts_rollouts(self) -> bool:
+        """The replay buffer showed every finished group to the kit already (verl's own filter_groups)."""
+        buffer = getattr(self, "replay_buffer", None)
+        return isinstance(buffer, DataflexReplayBuffer) and buffer.on_finished is not None
 
-    def _on_rollout(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        metrics.update(self._event_metrics)
-        self._event_metrics = {}
-        # With refill, the buffer already ran on_rollout (and the history) on every finished group and
-        # evicted what it dropped: here only the metrics are left.
-        refill = self.dataflex.refill is not None
-        history_here = not refill and self.dataflex.keeps_history and not self._buffer_sees_rollouts
-        batch, data = self._read("on_rollout", meta, ["index"] if history_here else [], emits=not refill)
+    def _on_rollout(self, meta: KVBatchMeta) -> KVBatchMeta:
+        step = self._current_step()
+        if self.dataflex.refill is not None:
+            # The buffer ran the generation rounds (on_rollout, history, counters) and evicted what the fill
+            # does not train: only the rewards are left to remember, for the trained-only metrics.
+            batch, _ = self._read("on_rollout", meta, emits=False)
+            self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
+            return meta
+        gen = step.generation(int(self.config.data.train_batch_size))
+        counted = self._buffer_counts_rollouts
+        batch = self._rollouts(meta, emits=True) if not counted else self._read("on_rollout", meta)[0]
         # Rewards are final here; remembered by key for the trained-only metrics after the advantage.
         self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
-        if refill:
-            metrics.update(rollout_metrics(batch))
+        gen.add(batch, counted=counted)
+        outcome = gen.finish()
+        self._skip_update = outcome.skip_update
+        keep = outcome.keeps[0]
+        if keep is None:
             return meta
-        if history_here:
-            batch, recorded = self._record_history(batch, data)
-            metrics.update(recorded)
-        decision = self.dataflex.emit("on_rollout", batch, self._step_index())
-        metrics.update(rollout_metrics(batch))
-        metrics.update(decision.metrics)
-        action = carry_out_rollout(batch, decision)
-        self._skip_update = action.skip_update
-        if action.keep is None:
-            return meta
-        flags = action.keep.tolist()
+        flags = keep.tolist()
         kept = list(itertools.compress(meta.keys, flags))
         dropped = [k for k, f in zip(meta.keys, flags) if not f]
         tq.kv_clear(keys=dropped, partition_id=meta.partition_id)
-        metrics["dataflex/removed_rows"] = float(action.removed)
         return meta.select_keys(kept)
 
-    # ------------------------------------------------------------------ prompt ids, selection, history
+    # ------------------------------------------------------------------ generation rounds (dataflex.refill)
+    def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
+        self._dispatched.extend(str(u) for u in labels_of(batch["uid"]))
+        return super()._submit_batch_to_rollout(batch)
+
+    def _refill(self, num_prompts: int) -> int:
+        """Dispatch ``num_prompts`` more prompts for generation (counted in ``dataflex/refill/dispatched_prompts``)."""
+        self._refill_dispatched += num_prompts
+        return self._add_prompts_to_generate(num_prompts)
+
+    def _generation_rounds(self, buffer: ReplayBuffer, partition_id: str, batch_size: int) -> KVBatchMeta:
+        """The step's generation under ``dataflex.refill``, run by the host kit as on every host: each round is
+        waited for until every group of it is terminal, put through ``on_rollout`` and added to the fill, which
+        says how many prompts the next round dispatches; then the groups the fill trains are the batch, in
+        arrival order, and every other group is evicted. The step's first round is what verl dispatched
+        (``data.train_batch_size`` prompts), plus what a larger ``dataflex.refill.gen_batch_size`` asks."""
+        step = self._current_step()
+        gen = step.generation(batch_size)
+        first = gen.request()
+        if first > len(self._dispatched):
+            self._refill(first - len(self._dispatched))
+        rounds: list[tuple[list[str], list[str]]] = []  # per round: trajectory keys (row order), failed uids
+        while True:
+            uids, self._dispatched = self._dispatched, []
+            self._wait_terminal(buffer, partition_id, set(uids))
+            failed = [u for u in uids if u in buffer.failure_keys[partition_id]]
+            wanted = set(uids) - set(failed)
+            keys = [k for k in buffer.partitions[partition_id] if uid_of(k) in wanted]
+            # Rows in dispatch order of their prompts: the fill's arrival order.
+            position = {u: i for i, u in enumerate(uids)}
+            keys.sort(key=lambda k: position[uid_of(k)])
+            rounds.append((keys, failed))
+            if keys:
+                tags = [buffer.partitions[partition_id][k] for k in keys]
+                gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True))
+            n = gen.request()
+            if n == 0:
+                break
+            self._refill(n)
+        outcome = gen.finish()
+        keeps = iter(outcome.keeps)
+        trained: list[str] = []
+        evicted: set[str] = set()
+        failures = 0
+        for keys, failed in rounds:
+            evicted.update(failed)
+            failures += len(failed)
+            if not keys:
+                continue
+            keep = next(keeps)
+            flags = itertools.repeat(True) if keep is None else keep.tolist()
+            for key, kept in zip(keys, flags):
+                if kept:
+                    trained.append(uid_of(key))
+                else:
+                    evicted.add(uid_of(key))
+        trained = list(dict.fromkeys(trained))  # a uid per group, in arrival order
+        if failures:
+            step.metrics["dataflex/refill/failed_groups"] = float(failures)
+        snapshot = dict(buffer.partitions[partition_id])
+        if evicted:
+            buffer._clear_groups(partition_id, evicted)
+        if not trained:
+            raise RuntimeError("dataflex.refill: the generation rounds left no group with trajectories to train "
+                               "(every dispatched prompt failed)")
+        return buffer._materialize_batch(partition_id, trained, snapshot)
+
+    def _wait_terminal(self, buffer: ReplayBuffer, partition_id: str, uids: set[str]) -> None:
+        """Poll TransferQueue until every prompt of ``uids`` finished or failed."""
+        while True:
+            buffer._sync_metadata_from_transfer_queue()
+            if uids <= (buffer.finished_keys[partition_id] | buffer.failure_keys[partition_id]):
+                return
+            time.sleep(buffer.poll_interval)
+
+    def _on_finished(self, keys: list[str], tags: list[dict[str, Any]], partition: str) -> None:
+        """Newly finished groups, seen by the replay buffer before verl's own filter_groups evicts any: counted
+        and recorded in the prompt history like every generated group."""
+        if not keys:
+            return
+        meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
+        step = self._current_step()
+        batch = self._rollouts(meta, emits=False)
+        step.count_generated(batch)
+        step.record(batch)
+
+    # ------------------------------------------------------------------ prompt ids and selection
     def _prompt_index(self, data: TensorDict, batch: Batch) -> torch.Tensor:
         """Dense prompt index per trajectory, from its ``data_source`` and ``index`` (extra_info.index);
         0 on padding rows, which are never looked up."""
-        table = self.dataflex.prompt_table
-        assert table is not None
         valid = batch.valid_rows
         flags = valid.tolist()
         names = list(itertools.compress(labels_of(data[self.domain_key]), flags))
         rows = torch.tensor([int(i) for i in itertools.compress(labels_of(data["index"]), flags)], dtype=torch.long)
         out = torch.zeros(len(flags), dtype=torch.long)
-        out[valid] = table.lookup_labels(names, rows)
+        out[valid] = self.dataflex.prompt_index(names, rows)
         return out
 
-    def _record_history(self, batch: Batch, data: TensorDict) -> tuple[Batch, dict[str, float]]:
-        """The batch with its prompt ids, and the history's metrics after recording its groups."""
-        batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
-        return batch, self.dataflex.record_rollouts(batch, self._step_index())
-
-    def _on_finished(self, keys: list[str], tags: list[dict[str, Any]], partition: str) -> set[str] | None:
-        """Newly finished groups, seen by the replay buffer before any eviction: into the history, and
-        under ``dataflex.refill`` through on_rollout (the uids it drops are evicted and refilled)."""
-        if not keys:
-            return None
-        meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
-        refill = self.dataflex.refill is not None
-        batch, data = self._read("on_rollout", meta, ["index"] if self.dataflex.keeps_history else [], emits=refill)
-        step = self._step_index()
-        if self.dataflex.keeps_history:
-            batch, recorded = self._record_history(batch, data)
-            for key, value in recorded.items():
-                self._event_metrics[key] = self._event_metrics.get(key, 0.0) + value
-        if not refill:
-            return None
-        decision = self.dataflex.emit("on_rollout", batch, step)
-        self._event_metrics.update(decision.metrics)
-        keep = kept_groups(batch, decision)
-        rows = keep[batch.group_index.clamp_min(0)] | ~batch.valid_rows
-        dropped = {k.split("_")[0] for k, kept in zip(keys, rows.tolist()) if not kept}
-        return self._exhausted(dropped) if dropped and self._refill_spent() else dropped
-
-    def _refill(self, num_prompts: int) -> int:
-        """verl's refill (two prompts per evicted group), counted against ``dataflex.refill.max_rounds``."""
-        self._refill_dispatched += num_prompts
-        return self._add_prompts_to_generate(num_prompts)
-
-    def _refill_spent(self) -> bool:
-        refill = self.dataflex.refill
-        assert refill is not None
-        # Rounds in units of train_batch_size dispatched prompts; the step's first batch is round 1.
-        return refill.max_rounds > 0 and self._refill_dispatched >= (refill.max_rounds - 1) * int(
-            self.config.data.train_batch_size)
-
-    def _exhausted(self, dropped: set[str]) -> set[str]:
-        refill = self.dataflex.refill
-        assert refill is not None
-        if refill.on_exhaust == "raise":
-            from ..errors import DataflexError
-
-            raise DataflexError(f"dataflex.refill: {refill.max_rounds} rounds of {self.config.data.train_batch_size} "
-                                f"prompts were generated at step {self.global_steps} and the selection still drops "
-                                "groups the batch needs; raise dataflex.refill.max_rounds or set "
-                                "dataflex.refill.on_exhaust=pad_with_filtered")
-        self._event_metrics["dataflex/refill/padded_groups"] = (
-            self._event_metrics.get("dataflex/refill/padded_groups", 0.0) + len(dropped))
-        return set()  # pad_with_filtered: what the selection drops from now on trains
-
-    def _candidate_ids(self, chunk: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Domain ids (into the prompt table's domains) and ``extra_info.index`` of fetched prompts."""
+    def _candidates(self, n: int, gen: int) -> Candidates[TensorDict]:
+        """``n`` prompts (``n / gen`` dataloader fetches) with their prompt ids."""
         table = self.dataflex.prompt_table
         assert table is not None
-        position = {name: i for i, name in enumerate(table.domains)}
-        labels = [str(x) for x in labels_of(chunk[self.domain_key])]
-        unknown = sorted(set(labels) - set(position))
-        if unknown:
-            raise BatchFieldError("dataflex prompt ids", self.domain_key,
-                                  f"domain {unknown[0]!r} is not in the training dataset's prompt table")
-        ids = torch.tensor([position[label] for label in labels], dtype=torch.long)
-        rows = torch.tensor([int(x) for x in labels_of(chunk["index"])], dtype=torch.long)
-        return ids, rows
+        drawn = [self._fetch_one_gen_batch() for _ in range(n // gen)]
+        chunk = drawn[0] if len(drawn) == 1 else tu.concat_tensordict(drawn)
+        return Candidates(chunk, *candidate_ids(table, chunk, self.domain_key))
 
     def _next_train_batch(self, num_prompts: int | None = None) -> TensorDict:
-        """verl's prompt fetch (a step's first batch and every refill), through on_prompts when a method
-        selects prompts: chunks are pulled and pre-filtered until ``num_prompts`` are kept."""
-        if not self.dataflex.selects_prompts:
-            return super()._next_train_batch(num_prompts)
+        """verl's prompt fetch (a step's first batch and every refill), through the kit's prompt driver: when a
+        method selects prompts, chunks are pulled and pre-filtered through on_prompts until ``num_prompts`` are
+        kept; otherwise verl's own fetch, counted."""
         train_batch_size = self.config.data.train_batch_size
         target = num_prompts if num_prompts is not None else train_batch_size
+        if not self.dataflex.selects_prompts:
+            fetch = super()._next_train_batch
+            return self._current_step().prompts(target, lambda n: Candidates(fetch(n))).draws[0]
         gen = self.config.data.get("gen_batch_size", None) or train_batch_size
         if target <= 0 or target % gen != 0:
             raise ValueError(f"num_prompts ({target}) must be a positive multiple of gen_batch_size ({gen}); it is "
                              "submitted in whole gen_batch_size dataloader fetches.")
-        table = self.dataflex.prompt_table
-        assert table is not None
-        fill = PromptFill(target, max_oversample=self.dataflex.max_oversample, chunk=gen,
-                          on_empty=self.dataflex.prompt_policy, who="dataflex prompt selection")
-        chunks: list[TensorDict] = []
-        step = self._step_index()
-        while (n := fill.request()) > 0:
-            drawn = [self._fetch_one_gen_batch() for _ in range(n // gen)]
-            candidates = drawn[0] if len(drawn) == 1 else tu.concat_tensordict(drawn)
-            domain_ids, rows = self._candidate_ids(candidates)
-            batch = self.dataflex.prompt_candidates(domain_ids, rows, table.domains)
-            decision = self.dataflex.emit("on_prompts", batch, step)
-            self._event_metrics.update(decision.metrics)
-            fill.add(carry_out_prompts(batch, decision), batch)
-            chunks.append(candidates)
-        chosen = fill.chosen()
-        self._prompt_counts += fill.counts
-        everything = chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks)
-        out = tu.index_select_tensor_dict(everything, chosen)
+        chosen = self._current_step().prompts(target, lambda n: self._candidates(n, gen), chunk=gen)
+        everything = chosen.draws[0] if len(chosen.draws) == 1 else tu.concat_tensordict(chosen.draws)
+        out = tu.index_select_tensor_dict(everything, chosen.index)
         tu.assign_non_tensor_data(out, "global_steps", self.global_steps)
         return out
 
+    # ------------------------------------------------------------------ advantage and update
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
-        return self._on_advantage(super()._compute_advantage(batch, metrics), metrics)
+        return self._on_advantage(super()._compute_advantage(batch, metrics))
 
-    def _on_advantage(self, meta: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+    def _on_advantage(self, meta: KVBatchMeta) -> KVBatchMeta:
+        step = self._current_step()
         rewards = torch.tensor([self._rewards.get(key, 0.0) for key in meta.keys], dtype=torch.float32)
         if not self.dataflex.listens("on_advantage"):
-            self._trained_without_listeners(meta, rewards, metrics)
+            self._trained_without_listeners(meta, rewards)
             return meta
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
-        decision, view, data = self._emit("on_advantage", meta, extra)
-        metrics.update(decision.metrics)
+        view, data = self._read("on_advantage", meta, extra)
         blocks, multiple = self._actor_blocks(len(meta))
-        action = carry_out_advantage(view, decision, blocks=blocks, block_multiple=multiple)
-        self._empty_block_metrics(action.empty_blocks, action.restored_rows, action.remove, action.skip_update,
-                                  metrics)
+        action = step.advantage(view, blocks=blocks, block_multiple=multiple)
+        self._warn_empty_blocks(action.empty_blocks, action.restored_rows, action.remove, action.skip_update)
         self._skip_update = self._skip_update or action.skip_update
         loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
         tokens = (view["response_mask"] if loss_mask is None else loss_mask).ne(0).sum(dim=1)
         trained = view.valid_rows & (tokens > 0) & (not self._skip_update)
         if action.remove is not None:
             trained &= ~action.remove
-        metrics.update(trained_metrics(trained, tokens, rewards, view.lengths, view.group_index))
-        if self._skip_update:
-            return meta
-        if not action.fields:
+        step.trained(trained, tokens, rewards, view.lengths, view.group_index)
+        if self._skip_update or not action.fields:
             return meta
         # Nested like the response mask TransferQueue holds, for every key (padding rows included).
         like = data["response_mask"]
@@ -587,7 +421,7 @@ class DataflexTrainer(PPOTrainer):
             new_meta = new_meta.select_keys([k for k, f in zip(meta.keys, flags) if not f])
         return new_meta
 
-    def _trained_without_listeners(self, meta: KVBatchMeta, rewards: Tensor, metrics: dict) -> None:
+    def _trained_without_listeners(self, meta: KVBatchMeta, rewards: Tensor) -> None:
         """The trained-only metrics when no method or observer acts at on_advantage: nothing is dropped
         here, so read just the loss mask (its row lengths are the response lengths) and the groups."""
         data = fetch(meta, {"uid", "loss_mask"})
@@ -597,9 +431,9 @@ class DataflexTrainer(PPOTrainer):
         tokens = nested_row_counts(loss_mask)
         _, groups = np.unique(np.asarray(labels_of(data["uid"]), dtype=object), return_inverse=True)
         trained = ~padding_flags(meta.tags) & (tokens > 0) & (not self._skip_update)
-        metrics["dataflex/empty_minibatches"] = 0.0
-        metrics.update(trained_metrics(trained, tokens, rewards, loss_mask.offsets().diff(),
-                                       torch.from_numpy(groups.reshape(-1))))
+        step = self._current_step()
+        step.metrics["dataflex/empty_minibatches"] = 0.0
+        step.trained(trained, tokens, rewards, loss_mask.offsets().diff(), torch.from_numpy(groups.reshape(-1)))
 
     def _actor_blocks(self, rows: int) -> tuple[Tensor | None, int | None]:
         """The actor's mini-batches for a batch of ``rows`` rows (``None`` when the actor does not update
@@ -618,17 +452,13 @@ class DataflexTrainer(PPOTrainer):
                                   seed=int(actor.get("data_loader_seed", 42)))
         return blocks, None if shuffle else self._get_required_batch_multiple(dp)
 
-    def _empty_block_metrics(self, empty: int, restored: int, remove: Tensor | None, skipped: bool,
-                             metrics: dict) -> None:
-        metrics["dataflex/empty_minibatches"] = float(empty)
+    def _warn_empty_blocks(self, empty: int, restored: int, remove: Tensor | None, skipped: bool) -> None:
         if not empty:
             return
-        metrics["dataflex/restored_rows"] = float(restored)
-        removed = 0 if remove is None else int(remove.sum())
-        metrics["dataflex/removed_minibatch_rows"] = float(removed)
         self._empty_blocks_seen += 1
         n = self._empty_blocks_seen
         if n & (n - 1) == 0:  # 1st, 2nd, 4th, ... step: visible without flooding the log
+            removed = 0 if remove is None else int(remove.sum())
             action = ("skipping this step's actor update" if skipped else
                       f"taking {removed} rows out of the update" if removed else
                       f"training {restored} dropped rows again (on_empty=keep_all)")
@@ -636,9 +466,9 @@ class DataflexTrainer(PPOTrainer):
                         "far, counted in dataflex/empty_minibatches)", self.global_steps, empty, action, n)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        metrics["dataflex/skipped_update"] = float(self._skip_update)
         metrics["dataflex/compute/actor_rows"] = 0.0 if self._skip_update else float(len(batch))
         if self._skip_update:
+            self._current_step().skipped()
             log.warning("dataflex: step %d kept no sample; skipping the actor update (dataflex.on_empty=skip)",
                         self.global_steps)
             return batch
@@ -651,25 +481,25 @@ class DataflexTrainer(PPOTrainer):
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         """verl's step, then on_step_end (before fit() checkpoints, so the state includes this step)."""
+        self._current_step()
         self._drawn = {}
-        self._prompt_counts = PromptCounts()
         self._refill_dispatched = 0
+        self._dispatched = []
         batch = super().step(metrics, timing_raw)
-        metrics.update(self._event_metrics)
-        self._event_metrics = {}
-        if self.dataflex.selects_prompts:
-            metrics.update(self._prompt_counts.metrics())
         if self.dataflex.refill is not None:
             metrics["dataflex/refill/dispatched_prompts"] = float(self._refill_dispatched)
-        self._on_step_end(batch, metrics)
+        metrics.update(self._end_step(batch))
         for name, count in self._drawn.items():
             metrics[f"dataflex/drawn/{name}"] = float(count)
         return batch
 
-    def _on_step_end(self, batch: KVBatchMeta, metrics: dict) -> None:
-        if self.dataflex.listens("on_step_end"):  # else fetching the step's batch would serve no one
-            decision, _, _ = self._emit("on_step_end", batch)
-            metrics.update(decision.metrics)
+    def _end_step(self, batch: KVBatchMeta) -> dict[str, float]:
+        """on_step_end, reading the step's rows only for someone who listens there (the history's step
+        closes anyway); returns the kit's metrics of the step."""
+        view = self._read("on_step_end", batch)[0] if self.dataflex.listens("on_step_end") else None
+        out = self._current_step().end(view)
+        self._step = None
+        return out
 
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:
@@ -695,7 +525,7 @@ class DataflexTrainer(PPOTrainer):
         if self.domain_sampler is None:
             return super()._fetch_one_gen_batch()
         n = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
-        probs = sampling_probabilities(self.dataflex.domain_probs, self.domain_sampler.domains)
+        probs = self._current_step().domain_probabilities(self.domain_sampler.domains)
         rows, picks = self.domain_sampler.draw(n, probs)
         for d, count in enumerate(torch.bincount(picks, minlength=len(self.domain_sampler.domains)).tolist()):
             name = self.domain_sampler.domains[d]
@@ -707,15 +537,18 @@ class DataflexTrainer(PPOTrainer):
     # ------------------------------------------------------------------ checkpoints
     def dataflex_state_dict(self) -> dict[str, Any]:
         return {
-            "format": 1,
+            "format": 2,
             "dataflex_bus": __version__,
             "global_steps": self.global_steps,
             "runtime": self.dataflex.state_dict(),
+            "kit": self.kit.state_dict(),
             "sampler": self.domain_sampler.state_dict() if self.domain_sampler is not None else None,
         }
 
     def load_dataflex_state(self, state: Mapping[str, Any]) -> None:
         self.dataflex.load_state_dict(state["runtime"])
+        if state.get("kit") is not None:
+            self.kit.load_state_dict(state["kit"])
         saved = state.get("sampler")
         if (saved is None) != (self.domain_sampler is None):
             raise ConfigError(ConfigIssue("dataflex.mechanism", "the checkpoint and this run disagree on whether "

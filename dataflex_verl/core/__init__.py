@@ -13,10 +13,10 @@ _EXPORTS = {
     "Reweighter": "components",
     "Reweighting": "components",
     "Mixer": "components",
-    "register_scorer": "components",
-    "register_selector": "components",
-    "register_reweighter": "components",
-    "register_mixer": "components",
+    "register_scorer": "registry",
+    "register_selector": "registry",
+    "register_reweighter": "registry",
+    "register_mixer": "registry",
 }
 
 __all__ = list(_EXPORTS)

@@ -8,6 +8,7 @@ from dataflex_gfpo.selector import GFPO, keep_counts, rank_in_group
 
 from dataflex_bus import Batch, Score
 from dataflex_bus.errors import ConfigError
+from dataflex_bus.host import ANY_HOST
 from dataflex_bus.testing import apply_method, check_selector, make_batch
 
 EPS = 1e-6
@@ -144,6 +145,6 @@ def test_a_k_that_keeps_every_row_is_warned_before_training(contrib_components):
         return {"mechanism": "select", "scorer": {"name": "outcome_reward"},
                 "actuator": {"name": "gfpo", "params": {"k": k}}}
 
-    warned = validate(block(8), context={"rollout_n": 8}).warnings
+    warned = validate(block(8), host=ANY_HOST.replace(**{"group_size": 8})).warnings
     assert any("keeps every row" in str(w) for w in warned)
-    assert not validate(block(4), context={"rollout_n": 8}).warnings
+    assert not validate(block(4), host=ANY_HOST.replace(**{"group_size": 8})).warnings

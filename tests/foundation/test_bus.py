@@ -97,7 +97,7 @@ def test_plain_run_without_method_still_reaches_observers():
     runtime.bus.add_observer(rec, "recorder")
     decision = runtime.emit("on_rollout", toy_batch(), 0)
     assert _nothing_decided(decision) and rec.seen == [("on_rollout", 0, None)]
-    assert runtime.record()["dataflex"] is None and "dataflex-bus==0.1.0" in runtime.record()["plugins"]
+    assert runtime.provenance()["dataflex"] is None and "dataflex-bus==0.1.0" in runtime.provenance()["plugins"]
 
 
 def test_padding_rows_are_never_kept(toys):

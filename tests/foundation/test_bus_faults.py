@@ -337,7 +337,7 @@ class Halve(Reweighter):
 
 def test_reweight_nonfinite_drop_removes_the_row_from_the_update(toys, register):
     """Regression: the dropped row was trained at the neutral weight; now it leaves the update."""
-    from dataflex_bus.decision import carry_out_advantage
+    from dataflex_bus.carry import carry_out_advantage
 
     register("scorer", "t_nan_row1", NaNOnRowOne)
     register("reweighter", "t_halve", Halve)

@@ -124,8 +124,11 @@ def test_version_and_json_schema_via_console_entry():
                if r["name"] in {"scorers", "select", "reweight", "mix"})
 
 
-def test_the_parsers_kind_choices_are_the_component_kinds():
-    # cli.py repeats them so that building the parser imports nothing; this keeps the copy true.
-    from dataflex_bus import cli, components
+def test_the_parsers_kind_choices_are_the_registered_component_kinds():
+    from dataflex_bus import cli
+    from dataflex_bus.mechanisms import component_kinds
 
-    assert cli._KINDS == components.KINDS
+    info = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["info"]._actions
+                if "--kind" in a.option_strings)
+    assert info.choices == [*component_kinds(), "actuator"]
+    assert component_kinds() == ("scorer", "selector", "reweighter", "mixer")

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from dataflex_bus.config import DataflexConfig, apply_overrides, load_config, load_yaml
+from dataflex_bus.block import DataflexConfig
+from dataflex_bus.config import apply_overrides, load_config, load_yaml
 from dataflex_bus.errors import ConfigError
 
 SEED = """

@@ -1,5 +1,5 @@
 """A training block (a verl mini-batch) whose every row a method dropped follows ``on_empty``
-(``dataflex_bus.decision.carry_out_advantage`` with ``blocks``)."""
+(``dataflex_bus.carry.carry_out_advantage`` with ``blocks``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dataflex_bus import Batch, build_pipeline
-from dataflex_bus.decision import Decision, carry_out_advantage, empty_blocks, rows_in
+from dataflex_bus.carry import carry_out_advantage, empty_blocks, rows_in
+from dataflex_bus.decision import Decision
 from dataflex_bus.errors import DataflexError
 
 #: 4 blocks of 2 rows, in a scrambled order (as a shuffled mini-batch iterator draws them).

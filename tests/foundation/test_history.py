@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.errors import BatchFieldError, ConfigError
-from dataflex_bus.history import EASY, HARD, OTHER, WINDOW, PromptHistory, PromptTable, VisitClasses
+from dataflex_bus.history import PromptHistory, PromptTable
+from dataflex_bus.visits import EASY, HARD, OTHER, WINDOW, VisitClasses
 
 #: Rewards of a two-row group of each class (zero_variance mode, rewards in {0, 1}).
 REWARDS = {EASY: [1.0, 1.0], HARD: [0.0, 0.0], OTHER: [1.0, 0.0]}

@@ -8,16 +8,11 @@ import torch
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.block import RefillConfig
-from dataflex_bus.decision import (
-    Decision,
-    GroupFill,
-    PromptCounts,
-    PromptFill,
-    carry_out_prompts,
-    kept_groups,
-)
+from dataflex_bus.carry import carry_out_prompts
+from dataflex_bus.decision import Decision
 from dataflex_bus.errors import BatchFieldError, DataflexError
-from dataflex_bus.history import EASY, HARD, OTHER
+from dataflex_bus.fill import GroupFill, PromptCounts, PromptFill, kept_groups
+from dataflex_bus.visits import EASY, HARD, OTHER
 
 T, F = True, False
 

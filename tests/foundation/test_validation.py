@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dataflex_bus.errors import ConfigError
+from dataflex_bus.host import ANY_HOST
 from dataflex_bus.pipeline import build_pipeline, validate
 
 
@@ -14,8 +15,9 @@ def block(scorer="toy_reward", actuator="toy_band", mechanism="select", sparams=
 
 
 def issues(cfg, **context):
+    """The issues of ``cfg`` on a host with ``context`` (``adv_estimator``, ``group_size``, ...)."""
     with pytest.raises(ConfigError) as err:
-        validate(cfg, context=context)
+        validate(cfg, host=ANY_HOST.replace(**context))
     return {i.key: str(i) for i in err.value.issues}
 
 
@@ -72,9 +74,9 @@ def test_token_scorer_cannot_feed_a_row_selector(toys):
 def test_group_scorer_under_non_group_estimator(toys):
     found = issues(block(scorer="toy_group_rate"), adv_estimator="gae")
     assert "not group-based" in found["dataflex.scorer.name"] and "grpo" in found["dataflex.scorer.name"]
-    found = issues(block(scorer="toy_group_rate"), rollout_n=1)
+    found = issues(block(scorer="toy_group_rate"), group_size=1)
     assert "rollout n=1" in found["dataflex.scorer.name"]
-    validate(block(scorer="toy_group_rate"), context={"adv_estimator": "grpo", "rollout_n": 8})
+    validate(block(scorer="toy_group_rate"), host=ANY_HOST.replace(**{"adv_estimator": "grpo", "group_size": 8}))
 
 
 def test_pipeline_event_follows_declared_timing(toys):

@@ -10,6 +10,7 @@ import torch
 
 from dataflex_bus import Score, Scorer
 from dataflex_bus.errors import ConfigError
+from dataflex_bus.host import ANY_HOST
 from dataflex_bus.pipeline import build_pipeline, validate
 from dataflex_bus.registry import register_local, unregister_local
 from dataflex_bus.runtime import Runtime
@@ -62,8 +63,9 @@ def prompt_toys():
 
 
 def issues(cfg, **context):
+    """The issues of ``cfg`` on a host with ``context`` (``adv_estimator``, ``group_size``, ...)."""
     with pytest.raises(ConfigError) as err:
-        validate(cfg, context=context)
+        validate(cfg, host=ANY_HOST.replace(**context))
     return {i.key: str(i) for i in err.value.issues}
 
 

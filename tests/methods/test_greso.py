@@ -11,7 +11,7 @@ from dataflex_plugins.methods.prompts import Greso, ZeroVarianceStreak
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.errors import ConfigError
-from dataflex_bus.history import EASY, HARD, OTHER, VisitClasses
+from dataflex_bus.visits import EASY, HARD, OTHER, VisitClasses
 
 
 def candidates(streaks: list[int], classes: list[int], *, counts_step: int = -1, epoch: int = 1,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dataflex_bus.config import DataflexConfig
+from dataflex_bus.block import DataflexConfig
 from dataflex_bus.errors import BatchFieldError, ConfigError, DataflexError
+from dataflex_bus.host import ANY_HOST
 from dataflex_bus.pipeline import build_pipeline, validate
 
 from .helpers import batch_of, pipe
@@ -51,7 +52,7 @@ def _grpo_batch(groups=6, size=5, padding=2, seed=0):
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_seed_configs_validate_build_and_run(name):
     block = SEEDS[name]
-    cfg = validate(block, context={"adv_estimator": "grpo", "rollout_n": 5})
+    cfg = validate(block, host=ANY_HOST.replace(**{"adv_estimator": "grpo", "group_size": 5}))
     assert isinstance(cfg, DataflexConfig)
     p = build_pipeline(block)
     assert p.event == EVENTS[name]
@@ -137,9 +138,9 @@ def test_impossible_combinations_are_rejected(mechanism, scorer, actuator, match
 
 def test_group_methods_refuse_non_group_estimators():
     with pytest.raises(ConfigError, match="group"):
-        validate(SEEDS["difficulty_filter"], context={"adv_estimator": "gae"})
+        validate(SEEDS["difficulty_filter"], host=ANY_HOST.replace(**{"adv_estimator": "gae"}))
     with pytest.raises(ConfigError, match="n=1"):
-        validate(SEEDS["max_variance"], context={"rollout_n": 1})
+        validate(SEEDS["max_variance"], host=ANY_HOST.replace(**{"group_size": 1}))
 
 
 def test_mixer_domain_rules_are_checked_at_validation():

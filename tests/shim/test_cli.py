@@ -29,7 +29,7 @@ def test_run_writes_metrics_record_and_plot(tmp_path, capsys):
     assert main(["run", str(cfg), "--steps", "3", "--out", str(out), "--no-progress", "trainer.lr=0.01",
                  "trainer.eval_every=2", "data.heldout=30"]) == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(lines) == 3 and "reward/mean" in lines[0]
+    assert len(lines) == 3 and "dataflex/rollout/reward_mean" in lines[0]
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "complete" and record["config"]["trainer"]["lr"] == 0.01
     assert sum(record["split"]["copy"]["heldout"]) == 30

@@ -46,9 +46,9 @@ def write_run(run_dir: Path, seed: int, curve, *, steps: int = 10, eval_every: i
             COUNTERS["trained_tokens"]: 1.25 * rollouts * (step + 1),
             COUNTERS["modelled_cost"]: 0.01 * rollouts * (step + 1),
             STEP_TIME: 0.5,
-            "train/kept_fraction": 0.5,
-            "train/skipped_update": float(step == 3),
-            **{f"data/prob/{d}": 1 / 3 for d in DOMAINS},
+            "dataflex/kept_fraction": 0.5,
+            "dataflex/skipped_update": float(step == 3),
+            **{f"dataflex/sample_prob/{d}": 1 / 3 for d in DOMAINS},
         }
         if extra is not None:
             m.update(extra(step))

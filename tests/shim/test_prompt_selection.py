@@ -88,7 +88,7 @@ def test_greso_run_counts_every_candidate_and_rollout():
     assert deltas(m, "compute/generated_groups") == [x["dataflex/refill/generated_groups"] for x in m]
     assert deltas(m, "compute/considered_prompts") == [x["dataflex/prompts_considered"] for x in m]
     trained = deltas(m, "compute/trained_groups")
-    assert trained == [0.0 if x["train/skipped_update"] else x["dataflex/refill/trained_groups"] for x in m]
+    assert trained == [0.0 if x["dataflex/skipped_update"] else x["dataflex/refill/trained_groups"] for x in m]
     assert all(t <= 8 for t in trained)
 
 
@@ -138,7 +138,7 @@ def test_refill_that_never_fills_raises_by_default_or_trains_short():
         run_training(cfg, steps=1)
     cfg["dataflex"]["refill"]["on_exhaust"] = "train_short"
     m = run_training(cfg, steps=2).metrics
-    assert all(x["train/skipped_update"] == 1.0 and x["dataflex/refill/short_groups"] == 4 for x in m)
+    assert all(x["dataflex/skipped_update"] == 1.0 and x["dataflex/refill/short_groups"] == 4 for x in m)
     assert m[-1]["compute/generated_rollouts"] == 2 * 2 * 4 * 4 == m[-1]["compute/dropped_rows"]
 
 

@@ -273,7 +273,7 @@ def test_compare_names_a_damaged_metrics_file(finished, tmp_path, capsys):
     lines = path.read_text().splitlines()
     lines[2] = "{oops"
     path.write_text("\n".join(lines) + "\n")
-    rc = main(["compare", str(finished), "--out", str(tmp_path / "cmp"), "--metric", "reward/mean",
+    rc = main(["compare", str(finished), "--out", str(tmp_path / "cmp"), "--metric", "dataflex/rollout/reward_mean",
                "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err

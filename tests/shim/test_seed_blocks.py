@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dataflex_bus import validate
+from dataflex_bus.host import ANY_HOST
 from dataflex_bus.shim import run_training
 
 from .conftest import tiny
@@ -47,7 +48,7 @@ SEED_BLOCKS = {
 @pytest.mark.parametrize("name", sorted(SEED_BLOCKS))
 def test_seed_block_validates_and_trains(name):
     block = SEED_BLOCKS[name]
-    cfg = validate(block, context={"adv_estimator": "grpo", "rollout_n": 4})
+    cfg = validate(block, host=ANY_HOST.replace(**{"adv_estimator": "grpo", "group_size": 4}))
     result = run_training(tiny(block), steps=3)
     m = result.metrics[-1]
     assert result.record["status"] == "complete" and result.record["dataflex"]["dataflex"] == cfg.to_dict()
@@ -56,7 +57,7 @@ def test_seed_block_validates_and_trains(name):
     elif block["mechanism"] == "reweight":
         assert 0.5 <= m["dataflex/weight_min"] <= m["dataflex/weight_max"] <= 1.0  # 0.5 * p + 0.5
     else:
-        assert abs(sum(m[f"data/prob/{d}"] for d in ("copy", "sort", "reverse", "random")) - 1) < 1e-9
+        assert abs(sum(m[f"dataflex/sample_prob/{d}"] for d in ("copy", "sort", "reverse", "random")) - 1) < 1e-9
 
 
 def test_dump_on_rewards_is_warned_as_the_seed_writes_it():

@@ -9,7 +9,8 @@ import torch
 from dataflex_bus.errors import ConfigError
 from dataflex_bus.runtime import Runtime
 from dataflex_bus.shim import run_training
-from dataflex_bus.shim.config import host_context, resolve_config
+from dataflex_bus.shim.config import resolve_config
+from dataflex_bus.shim.host import describe
 from dataflex_bus.shim.policy import TinyPolicy, pretrain
 from dataflex_bus.shim.split import Split
 from dataflex_bus.shim.tasks import EOS, MAX_RESPONSE_LEN, RANDOM_ANSWERS, TASKS, vocab_size
@@ -79,7 +80,7 @@ def test_split_does_not_depend_on_the_method_or_the_mix(shim_components):
     for block in (None, mix, {"mechanism": "select", "scorer": {"name": "t_reward"},
                               "actuator": {"name": "t_even_groups"}}):
         resolved = resolve_config(tiny(block))
-        trainer = ShimTrainer(resolved, Runtime(resolved["dataflex"], context=host_context(resolved)))
+        trainer = ShimTrainer(resolved, Runtime(resolved["dataflex"], host=describe(resolved)))
         splits.append(trainer.split)
     for other in splits[1:]:
         assert torch.equal(other.heldout.tokens, splits[0].heldout.tokens)
@@ -89,7 +90,7 @@ def test_split_does_not_depend_on_the_method_or_the_mix(shim_components):
 def test_trainer_seed_varies_the_rl_run_not_the_split_nor_the_base_policy():
     def build(**sections):
         resolved = resolve_config(tiny(**sections))
-        return ShimTrainer(resolved, Runtime(None, context=host_context(resolved)))
+        return ShimTrainer(resolved, Runtime(None, host=describe(resolved)))
 
     base, other_run = build(), build(trainer={"seed": 5})
     assert torch.equal(base.split.heldout_index, other_run.split.heldout_index)

@@ -38,9 +38,10 @@ def test_three_method_stack_acts_in_order_and_resumes_exactly(tmp_path, recorder
         assert 0.5 <= m["dataflex/ar/weight_min"] <= m["dataflex/ar/weight_max"] <= 1.0
         assert sum(m[f"dataflex/curriculum/domain_prob/{d}"] for d in ("copy", "sort", "reverse", "random")) == \
             pytest.approx(1.0)
-    assert full.metrics[0]["data/prob/copy"] == 0.25
+    assert full.metrics[0]["dataflex/sample_prob/copy"] == 0.25
     # the probabilities the curriculum published at step 1 drive step 2's draws
-    assert full.metrics[2]["data/prob/copy"] == pytest.approx(full.metrics[1]["dataflex/curriculum/domain_prob/copy"])
+    published = full.metrics[1]["dataflex/curriculum/domain_prob/copy"]
+    assert full.metrics[2]["dataflex/sample_prob/copy"] == pytest.approx(published)
     record = full.record["dataflex"]
     assert [m["name"] for m in record["methods"]] == ["filter", "curriculum", "ar"]
     assert all(m["versions"]["actuator"].startswith("dataflex-bus==") for m in record["methods"])

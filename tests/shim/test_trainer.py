@@ -55,12 +55,13 @@ def test_zero_signal_metric_is_the_share_of_groups_with_equal_rewards(recorder):
         for g in range(batch.num_groups):  # by hand, group by group
             values = batch.rewards[batch.group_index == g].tolist()
             flat += len(set(values)) == 1
-        assert m[step]["data/zero_signal_groups"] == flat / batch.num_groups
+        assert m[step]["dataflex/rollout/zero_signal_groups"] == flat / batch.num_groups
 
 
 def test_heldout_eval_at_step_0_and_every_eval_every_updates():
     from dataflex_bus.runtime import Runtime
-    from dataflex_bus.shim.config import host_context, resolve_config
+    from dataflex_bus.shim.config import resolve_config
+    from dataflex_bus.shim.host import describe
     from dataflex_bus.shim.trainer import ShimTrainer
 
     cfg = tiny(trainer={"eval_every": 2}, data={"heldout": 30})
@@ -70,7 +71,7 @@ def test_heldout_eval_at_step_0_and_every_eval_every_updates():
     assert [keys <= set(x) for x in m] == [True, True, False, True, False]
     # step 0 scores the warm-started policy before any update
     resolved = resolve_config(cfg)
-    base = ShimTrainer(resolved, Runtime(None, context=host_context(resolved)))
+    base = ShimTrainer(resolved, Runtime(None, host=describe(resolved)))
     assert {k: m[0][k] for k in keys} == base.evaluate()
 
 
@@ -88,8 +89,8 @@ def test_on_rollout_select_removes_whole_groups_before_compute(shim_components, 
     assert advantage.num_groups == 2 and all(s == 4 for s in advantage.group_sizes.tolist())
     assert kept_uids == {0, 1}
     m = result.metrics[0]
-    assert m["train/kept_fraction"] == 0.5 and m["dataflex/kept_fraction"] == 0.5
-    assert m["train/skipped_update"] == 0.0
+    assert m["dataflex/kept_fraction"] == 0.5 and m["dataflex/kept_fraction"] == 0.5
+    assert m["dataflex/skipped_update"] == 0.0
 
 
 def test_on_advantage_subset_selector_replaces_advantages_and_drops(shim_components, recorder):
@@ -101,7 +102,8 @@ def test_on_advantage_subset_selector_replaces_advantages_and_drops(shim_compone
 
 def test_on_advantage_decision_multiplies_weights_and_drops_rows():
     from dataflex_bus import Batch
-    from dataflex_bus.decision import Decision, carry_out_advantage
+    from dataflex_bus.carry import carry_out_advantage
+    from dataflex_bus.decision import Decision
 
     b = Batch.from_tensors(uid=torch.tensor([0, 0, 1, 1]), response_mask=torch.ones(4, 2),
                            advantages=torch.ones(4, 2), returns=torch.ones(4, 2),
@@ -134,20 +136,21 @@ def test_reweight_method_reaches_the_loss(shim_components, recorder):
     real = end["response_mask"].bool()
     assert torch.all(end["rollout_is_weights"][real] == 0.5)
     # same rollout and advantages; the weights halve the policy-gradient loss
-    assert half["reward/mean"] == plain["reward/mean"]
+    assert half["dataflex/rollout/reward_mean"] == plain["dataflex/rollout/reward_mean"]
     assert half["train/pg_loss"] == pytest.approx(plain["train/pg_loss"] * 0.5, rel=1e-5)
 
 
 def test_empty_selection_skips_the_update(shim_components):
     from dataflex_bus.runtime import Runtime
-    from dataflex_bus.shim.config import host_context, resolve_config
+    from dataflex_bus.shim.config import resolve_config
+    from dataflex_bus.shim.host import describe
     from dataflex_bus.shim.trainer import ShimTrainer
 
     resolved = resolve_config(tiny(sel({"name": "t_keep_none"})))
-    trainer = ShimTrainer(resolved, Runtime(resolved["dataflex"], context=host_context(resolved)))
+    trainer = ShimTrainer(resolved, Runtime(resolved["dataflex"], host=describe(resolved)))
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     m = trainer.train_step()
-    assert m["train/skipped_update"] == 1.0 and m["train/kept_fraction"] == 0.0
+    assert m["dataflex/skipped_update"] == 1.0 and m["dataflex/kept_fraction"] == 0.0
     assert m["dataflex/empty_selection"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
 
@@ -156,9 +159,9 @@ def test_mix_draws_prompts_by_the_mixer(shim_components):
     block = {"mechanism": "mix", "scorer": {"name": "t_reward"}, "actuator": {"name": "t_all_on_first"},
              "warmup_step": 2}
     m = run_training(tiny(block), steps=4).metrics
-    assert m[0]["data/prob/copy"] == 0.25  # uniform until the mixer publishes
-    assert m[3]["data/prob/copy"] == 1.0 and m[3]["data/prob/random"] == 0.0
-    assert "reward/copy" in m[3] and "reward/random" not in m[3]
+    assert m[0]["dataflex/sample_prob/copy"] == 0.25  # uniform until the mixer publishes
+    assert m[3]["dataflex/sample_prob/copy"] == 1.0 and m[3]["dataflex/sample_prob/random"] == 0.0
+    assert "dataflex/rollout/reward_mean/copy" in m[3] and "dataflex/rollout/reward_mean/random" not in m[3]
     assert m[3]["dataflex/updates"] == 4.0
 
 
@@ -210,7 +213,7 @@ def test_out_none_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = run_training(tiny(), steps=1)
     assert result.out is None and list(tmp_path.iterdir()) == []
-    assert len(result.metrics) == 1 and "reward/mean" in result.metrics[0]
+    assert len(result.metrics) == 1 and "dataflex/rollout/reward_mean" in result.metrics[0]
     assert result.record["status"] == "complete"
 
 

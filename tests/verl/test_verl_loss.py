@@ -55,7 +55,7 @@ def pg_loss(view, *, mask, loss_mask, weights=None, rows=None, mode="token-mean"
 def adapter_writes(view, *, keep=None, weights=None):
     """The padded tensors the adapter writes back at on_advantage."""
     from dataflex_bus import Decision
-    from dataflex_bus.decision import carry_out_advantage
+    from dataflex_bus.carry import carry_out_advantage
     from dataflex_bus.verl.tqbatch import to_nested
 
     d = Decision()
@@ -236,7 +236,7 @@ def test_minibatch_blocks_follow_verls_dispatch_and_iterator():
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
 
-    from dataflex_bus.verl.trainer import minibatch_blocks
+    from dataflex_bus.verl.blocks import minibatch_blocks
 
     # 2 DP ranks: rank r trains the r-th contiguous half, 2 rows of it per mini-batch
     assert minibatch_blocks(8, 4, 2).tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]

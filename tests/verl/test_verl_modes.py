@@ -206,3 +206,14 @@ def test_doctor_reports_overrides_verl_cannot_compose():
 
     checks = {c["check"]: c for c in run_checks(["dataflex.mechanism=select"])}  # no leading +
     assert checks["config"]["status"] == "FAIL" and "dataflex" in checks["config"]["detail"]
+
+
+@pytest.mark.parametrize("policy", ["fixed", "credit2", "greso"])
+def test_doctor_accepts_every_refill_policy_in_dataflex_sync(policy):
+    dapo = ["trainer.v1.trainer_mode=dataflex_sync", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+            "+dataflex.mechanism=select", "+dataflex.scorer.name=reward_difficulty", "+dataflex.actuator.name=dapo",
+            f"+dataflex.refill.policy={policy}"]
+    assert _block_check(dapo)["status"] == "ok"
+    # the asynchronous modes have no synchronous rounds to refill in: refused, naming the host and the mode
+    check = _block_check([*dapo, "trainer.v1.trainer_mode=dataflex_colocate_async"])
+    assert check["status"] == "FAIL" and "host 'verl'" in check["detail"] and "dataflex_sync" in check["detail"]

@@ -106,9 +106,10 @@ def test_history_counts_groups_verl_dapo_evicts(H, tmp_path, clean_partition):
     assert isinstance(run.trainer.replay_buffer, DataflexReplayBuffer)
     history = run.trainer.dataflex.history
     assert int(history.visits.sum()) == sum(len(r) for r in generated(run))
-    for logged in run.logged:
-        assert logged.get("dataflex/rollout/rows/code", 0.0) == 0.0  # evicted by verl before _balance_batch
-    assert sum(m.get("dataflex/history/visits_hard", 0.0) for m in run.logged) > 0  # ... yet in the history
+    # verl evicts the code groups before _balance_batch, yet they were generated: counted and in the history
+    assert run.logged[-1]["compute/generated_rollouts"] == 4 * sum(len(r) for r in generated(run))
+    assert sum(m.get("dataflex/rollout/rows/code", 0.0) for m in run.logged) > 0
+    assert sum(m.get("dataflex/history/visits_hard", 0.0) for m in run.logged) > 0
 
 
 @pytest.mark.tq
@@ -119,11 +120,12 @@ def test_dataflex_refill_under_verl_evicts_and_refills(H, tmp_path, clean_partit
     run = fit(H, H.base_overrides(data, tmp_path / "ckpt", batch=2, steps=2) + DAPO_REFILL)
     assert run.trainer.config.data.gen_batch_size == 1
     for logged, update in zip(run.logged, run.trainer.actor_rollout_wg.updates):
-        assert logged["dataflex/rollout/groups"] == 2  # refilled to train_batch_size
-        assert logged.get("dataflex/rollout/rows/code", 0.0) == 0.0  # dapo dropped code, verl refilled
+        assert logged["dataflex/refill/trained_groups"] == 2  # refilled to train_batch_size
+        assert logged["dataflex/rollout/groups"] == logged["dataflex/refill/generated_groups"]  # every round
         real = [k for k, pad in zip(update["keys"], update["is_padding"]) if not pad]
         assert len(real) == 2 * 4
-    assert any(m.get("training/filter_groups/evicted_samples", 0) > 0 for m in run.logged)
+        assert all(run.agent_loop.prompts[k.split("_")[0]][0] == "math" for k in real)  # dapo dropped code
+    assert any(m["dataflex/refill/generated_groups"] > 2 for m in run.logged)  # code was generated, and refilled
     assert not tq_leftovers(tq)
 
 
@@ -148,7 +150,7 @@ def row(source: str, index, prompt: str = "q") -> dict:
 
 
 def test_prompt_table_from_the_dataset_columns():
-    from dataflex_bus.verl.trainer import dataset_prompt_table
+    from dataflex_bus.verl.prompts import dataset_prompt_table
 
     table = dataset_prompt_table(Frame([row("b", 3), row("a", 3), row("a", 0)]), "data_source")
     assert table.domains == ["a", "b"] and len(table) == 3
@@ -159,7 +161,7 @@ def test_prompt_table_from_the_dataset_columns():
 
 def test_rows_without_an_index_are_refused_naming_the_column():
     from dataflex_bus.errors import ConfigError
-    from dataflex_bus.verl.trainer import dataset_prompt_table
+    from dataflex_bus.verl.prompts import dataset_prompt_table
 
     with pytest.raises(ConfigError, match=r"extra_info\.index: 2 of 3 training rows \(the first: row 1\)"):
         dataset_prompt_table(Frame([row("a", 0), row("a", None), row("a", None)]), "data_source")

@@ -80,7 +80,7 @@ def test_on_advantage_weights_reach_the_actor_multiplied(H, tmp_path, clean_part
     factor = torch.where(is_math & ~padding, 2.0, 1.0)[:, None].expand_as(w)
     base = torch.ones_like(w) if w_verl is None else w_verl
     assert torch.allclose(w[mask], (base * factor)[mask])
-    assert int((is_math & ~padding).sum()) > 0 and metrics["dataflex/weight_max"] == pytest.approx(2.0)
+    assert int((is_math & ~padding).sum()) > 0 and H.kit_metrics(t)["dataflex/weight_max"] == pytest.approx(2.0)
     # the stale meta (what the prior implementation returned) would not deliver our weights
     if rollout_is == "null":
         assert "rollout_is_weights" not in H.worker_view(meta).keys()
@@ -128,8 +128,8 @@ def test_on_rollout_removes_groups_before_old_log_prob(H, tmp_path, clean_partit
     assert not (dropped & tq_keys(tq))  # cleared from TransferQueue, not leaked
     assert len(balanced) == 8  # verl re-padded the 4 kept rows to lcm(dp, mini*n) = 8
     assert sum(bool(tag.get("is_padding")) for tag in balanced.tags) == 4
-    assert metrics["dataflex/removed_rows"] == len(dropped)
-    assert metrics["dataflex/rollout/rows"] == len(before)  # pre-selection statistics
+    assert H.kit_metrics(t)["dataflex/removed_rows"] == len(dropped)
+    assert t._end_step(balanced)["dataflex/rollout/rows"] == len(before)  # pre-selection statistics
     t._compute_old_log_prob(balanced, metrics={})
     assert set(t.actor_rollout_wg.log_prob_keys[-1]) == set(balanced.keys)  # no compute for dropped rows
 
@@ -143,9 +143,8 @@ def test_on_rollout_empty_selection_keeps_one_group_and_skips_the_update(H, tmp_
     assert t._skip_update
     balanced = t._compute_old_log_prob(balanced, metrics={})
     balanced = t._compute_advantage(balanced, metrics={})
-    metrics: dict = {}
-    t._update_actor(balanced, metrics)
-    assert metrics["dataflex/skipped_update"] == 1.0 and t.actor_rollout_wg.updates == []
+    t._update_actor(balanced, {})
+    assert t._end_step(balanced)["dataflex/skipped_update"] == 1.0 and t.actor_rollout_wg.updates == []
 
 
 # ---------------------------------------------------------------------------- semi-e2e fit()

@@ -25,7 +25,9 @@ def train_one_step(t, meta) -> tuple[dict, object]:
     meta = t._balance_batch(meta, metrics=metrics)
     meta = t._compute_old_log_prob(meta, metrics=metrics)
     meta = t._compute_advantage(meta, metrics=metrics)
-    return metrics, t._update_actor(meta, metrics=metrics)
+    actor = t._update_actor(meta, metrics=metrics)
+    metrics.update(t._end_step(actor))
+    return metrics, actor
 
 
 def tq_keys(tq):
@@ -144,7 +146,7 @@ def test_rows_after_padding_reports_the_compute_of_an_on_rollout_drop(H, tmp_pat
     metrics: dict = {}
     balanced = t._balance_batch(meta, metrics=metrics)
     kept = [k for k, tag in zip(balanced.keys, balanced.tags) if not tag.get("is_padding")]
-    assert metrics["dataflex/removed_rows"] == 12 and len(kept) == 4
+    assert H.kit_metrics(t)["dataflex/removed_rows"] == 12 and len(kept) == 4
     # the 4 kept rows are padded back to a whole mini-batch of ppo_mini_batch_size * n = 8 rows
     assert metrics["dataflex/compute/rows_after_padding"] == 8 == len(balanced)
     assert metrics["dataflex/compute/padding_rows"] == 4
@@ -168,8 +170,7 @@ def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partiti
         return real_fetch(meta, fields)
 
     monkeypatch.setattr(adapter, "fetch", spy)
-    train_one_step(t, meta)
-    t._on_step_end(meta, {})
+    train_one_step(t, meta)  # through the step's end: nobody listens at on_step_end
     base = {"uid", "response_mask", "rm_scores", "data_source"}
     assert t.dataflex.fields("on_rollout") == frozenset()
     assert t.dataflex.fields("on_advantage") == {"old_log_probs", "response_mask"}
@@ -186,8 +187,7 @@ def test_an_event_nobody_listens_to_reads_only_what_the_metrics_need(H, tmp_path
     fetched: list[set] = []
     real_fetch = adapter.fetch
     monkeypatch.setattr(adapter, "fetch", lambda m, f: fetched.append(set(f)) or real_fetch(m, f))
-    metrics, _ = train_one_step(t, meta)
-    t._on_step_end(meta, {})
+    metrics, _ = train_one_step(t, meta)  # through the step's end: nobody listens at on_step_end
     assert fetched == [{"uid", "response_mask", "rm_scores", "data_source"}, {"uid", "loss_mask"}]
     assert metrics["dataflex/trained/rows"] == metrics["dataflex/kept_rows"] > 0
     assert [e for e in run.events if e.startswith("on_")] == ["on_rollout"]
@@ -197,7 +197,7 @@ def test_an_event_nobody_listens_to_reads_only_what_the_metrics_need(H, tmp_path
     watcher = Watcher()
     t.dataflex.bus.add_observer(watcher, "watcher")
     assert t.dataflex.listens("on_step_end")
-    t._on_step_end(meta, {})
+    t._end_step(meta)
     assert watcher.seen == [("on_step_end", 0)] and fetched[-1] == {"uid", "response_mask", "rm_scores", "data_source"}
 
 
@@ -228,7 +228,7 @@ def test_fit_async_modes_carry_the_events_and_the_removal(H, tmp_path, clean_par
     order = ["on_rollout", "on_advantage"] * updates + ["on_step_end"]
     assert [event for event, _ in watcher.seen] == order * 2
     assert [n for _, n in watcher.seen] == [0] * len(order) + [1] * len(order)
-    from dataflex_bus.decision import carry_out_rollout
+    from dataflex_bus.carry import carry_out_rollout
 
     rollouts = [(decision, batch) for event, decision, batch in run.decisions if event == "on_rollout"]
     computed = t.actor_rollout_wg.log_prob_keys

@@ -129,12 +129,17 @@ class StubPools:
 
 # ---------------------------------------------------------------------------- fake rollout
 class FakeAgentLoop:
-    """Writes ``n`` trajectories per prompt into TQ like ``AgentLoopWorkerTQ`` and finishes the prompt."""
+    """Writes ``n`` trajectories per prompt into TQ like ``AgentLoopWorkerTQ`` and finishes the prompt.
 
-    def __init__(self, n: int, events: list[str]) -> None:
+    ``solved``: per domain, the sessions whose answer is right (default :data:`SOLVED`). ``prompts`` maps
+    each generated prompt's uid to its ``(data_source, extra_info.index)``."""
+
+    def __init__(self, n: int, events: list[str], solved: dict[str, tuple[int, ...]] | None = None) -> None:
         self.n = n
         self.events = events
+        self.solved = SOLVED if solved is None else solved
         self.generated_domains: list[list[str]] = []
+        self.prompts: dict[str, tuple[str, int]] = {}
 
     def generate_sequences(self, batch) -> None:
         import transfer_queue as tq
@@ -155,6 +160,7 @@ class FakeAgentLoop:
         self.generated_domains.append([p["data_source"] for p in prompts])
         for p in prompts:
             uid, row, domain = p["uid"], int(p["extra_info"]["index"]), p["data_source"]
+            self.prompts[str(uid)] = (domain, row)
             tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
             keys, fields, tags = [], [], []
             for s in range(self.n):
@@ -162,7 +168,7 @@ class FakeAgentLoop:
                 prompt = torch.tensor([(row * 7 + j) % 120 + 2 for j in range(plen)], dtype=torch.int64)
                 resp = torch.tensor([(row * 11 + s * 5 + j) % 120 + 2 for j in range(rlen)], dtype=torch.int64)
                 rm = torch.zeros(rlen, dtype=torch.float32)
-                rm[-1] = 1.0 if s in SOLVED[domain] else 0.0
+                rm[-1] = 1.0 if s in self.solved[domain] else 0.0
                 mask = torch.ones(rlen, dtype=torch.int64)
                 step = int(p["global_steps"])
                 field = {k: v for k, v in p.items()}
@@ -190,6 +196,12 @@ def tiny_model(seed: int = 0):
     cfg = LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
     return AutoModelForCausalLM.from_config(cfg)
+
+
+def kit_metrics(trainer, metrics: dict | None = None) -> dict:
+    """``metrics`` with what the host kit gathered so far in the trainer's current step (published at the
+    step's end, read here by tests that call the trainer's hooks one by one)."""
+    return {**(metrics or {}), **trainer._current_step().metrics}
 
 
 def worker_view(meta):
@@ -345,8 +357,8 @@ class Run:
         t.on_init_end()
         return self
 
-    def fit(self) -> Run:
-        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events)
+    def fit(self, solved: dict[str, tuple[int, ...]] | None = None) -> Run:
+        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events, solved)
         self.logged: list[dict[str, Any]] = []
         trainer = self.trainer
         original = trainer._compute_metrics

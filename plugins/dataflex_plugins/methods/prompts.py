@@ -22,7 +22,7 @@ import torch
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Scorer, Selection, Selector
-from dataflex_bus.history import EASY, HARD, MODES, VisitClasses
+from dataflex_bus.visits import EASY, HARD, MODES, VisitClasses
 
 _CLASS_PARAMS = ("mode", "easy_min", "hard_max", "tau_easy", "tau_hard", "count_easy", "count_hard")
 
@@ -31,7 +31,7 @@ class ZeroVarianceStreak(Scorer):
     """Signed length of the prompt's current run of zero-variance visits: ``+z`` for ``z`` easy (all right)
     visits in a row, ``-z`` for hard (all wrong), ``0`` otherwise and for a prompt never rolled out.
 
-    The parameters say how the history classifies a visit (:class:`dataflex_bus.history.VisitClasses`):
+    The parameters say how the history classifies a visit (:class:`dataflex_bus.visits.VisitClasses`):
     ``mode=zero_variance`` (default) calls a visit easy iff its rewards are all equal and ``>= easy_min``,
     hard iff all equal and ``<= hard_max``; ``mode=greso`` reproduces the GRESO code (group mean
     ``>= tau_easy`` easy, ``<= tau_hard`` hard; the per-step counts use rewards all equal to

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from .errors import BatchFieldError
+from ..errors import BatchFieldError
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from .batch import Batch
+    from ..batch import Batch
 
 _BAD_WEIGHTS = "weights must be finite and non-negative on real tokens"
 

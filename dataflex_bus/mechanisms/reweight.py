@@ -1,0 +1,65 @@
+"""Mechanism ``reweight``: per-token loss weights, multiplied into the policy-gradient term.
+
+A reweighter returns non-negative finite weights per row or per token; the weights of several methods
+multiply, and the host multiplies them into its own importance weights (``rollout_is_weights``), never
+replacing them. A row whose score is non-finite under ``on_nonfinite=drop`` is dropped, not trained at a
+neutral weight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from ..components import Actuator, Reweighter, Scorer
+from ..errors import ConfigIssue
+from .base import Mechanism, MethodRun, MethodSettings
+
+if TYPE_CHECKING:
+    from ..batch import Batch
+    from ..decision import Decision
+    from ..host import HostDescription
+
+
+class Reweight(Mechanism):
+    name: ClassVar[str] = "reweight"
+    kind: ClassVar[str] = "reweighter"
+    base: ClassVar[type[Actuator]] = Reweighter
+    summary: ClassVar[str] = "per-token loss weights (multiplied into rollout_is_weights)"
+
+    def event(self, scorer: type[Scorer], actuator: type[Actuator]) -> str:
+        return "on_advantage"
+
+    def events(self, actuator: type[Actuator]) -> dict[str, str]:
+        return {"on_advantage": ""}
+
+    def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
+              key: str) -> list[ConfigIssue]:
+        issues = []
+        if scorer.timing == "post_update":
+            issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {method.scorer.name!r} runs post_update, after "
+                                      "the loss it would reweight"))
+        if not host.can("loss_weights"):
+            issues.append(ConfigIssue(f"{key}.mechanism", f"host {host.name!r} does not multiply per-token weights "
+                                      f"into its loss{host.why_not('loss_weights')}, so mechanism 'reweight' would "
+                                      "change nothing"))
+        return issues
+
+    def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:
+        from .weights import expand_weights
+
+        view, score, dropped = run.score(batch, step, decision.metrics)
+        actuator = run.actuator
+        assert isinstance(actuator, Reweighter)
+        out = run.call("actuator", actuator.reweight, view, score, step)
+        w, stats = expand_weights(out.weights, view, actuator.who)
+        metrics = decision.metrics
+        if stats is not None:
+            metrics.update(stats.metrics(run.prefix))
+        for k, v in out.metrics.items():
+            metrics[f"{run.prefix}{k}"] = float(v)
+        if dropped is not None:
+            # Rows with a non-finite score are dropped, not trained at a neutral weight.
+            keep = batch.valid_rows & ~dropped
+            if run.empty(batch, keep, step, decision, dropped):
+                return
+        decision.scale(w)

@@ -1,0 +1,150 @@
+"""Mechanism ``select``: which rows enter the update (at ``on_prompts``: which candidate prompts are generated).
+
+A selector keeps rows. Fed a ``pre_rollout`` score it acts at ``on_prompts``, before anything is generated;
+a selection that keeps or drops whole groups acts at ``on_rollout``, before any further compute is spent on
+the groups it drops; any other selection acts at ``on_advantage``, where a dropped row is masked out of the
+loss after its group's advantage (dropping part of a group earlier would change the GRPO baseline of the
+rest). Subset selectors (PODS) also return advantages recomputed over the rows they keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from ..components import Actuator, Scorer, Selector
+from ..errors import BatchFieldError, ConfigIssue
+from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ..batch import Batch
+    from ..decision import Decision
+    from ..host import HostDescription
+
+
+class Select(Mechanism):
+    name: ClassVar[str] = "select"
+    kind: ClassVar[str] = "selector"
+    base: ClassVar[type[Actuator]] = Selector
+    summary: ClassVar[str] = "which rollouts enter the update (before generation: which prompts are generated)"
+    before_generation: ClassVar[bool] = True
+    drops_rows: ClassVar[bool] = True
+
+    def event(self, scorer: type[Scorer], actuator: type[Actuator]) -> str:
+        event = latest_event(scorer.timing, actuator.min_timing)
+        if event == "on_rollout" and not (issubclass(actuator, Selector)
+                                          and actuator.keeps_whole_groups(scorer.granularity)):
+            # Row-level drops before the advantage would shift the GRPO baseline of the rows left.
+            event = "on_advantage"
+        return event
+
+    def events(self, actuator: type[Actuator]) -> dict[str, str]:
+        from ..host import EVENT_FIELDS
+
+        def readable(event: str) -> bool:
+            return set(actuator.requires) <= EVENT_FIELDS[event]
+
+        out = {}
+        if actuator.min_timing == "pre_rollout" and readable("on_prompts"):
+            out["on_prompts"] = "fed a pre_rollout score (before generation)"
+        if actuator.min_timing in ("pre_rollout", "post_reward") and readable("on_rollout") and issubclass(
+                actuator, Selector):
+            whole = [g for g in actuator.accepts if actuator.keeps_whole_groups(g)]
+            if whole:
+                out["on_rollout"] = f"fed {' or '.join(whole)}-level scores from a post_reward scorer"
+        if readable("on_advantage"):
+            out["on_advantage"] = ""
+        return out
+
+    def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
+              key: str) -> list[ConfigIssue]:
+        issues = []
+        sname, aname = method.scorer.name, method.actuator.name
+        if scorer.timing == "pre_rollout":
+            if scorer.needs_groups:
+                issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout but needs groups "
+                                          "of rollouts, which do not exist before generation"))
+            event = self.event(scorer, actuator)
+            if event != "on_prompts":
+                issues.append(ConfigIssue(
+                    f"{key}.actuator.name",
+                    f"scorer {sname!r} runs pre_rollout, but {actuator.kind} {aname!r} can act no earlier than "
+                    f"{actuator.min_timing} ({event}); pair a pre_rollout scorer with a selector that acts on its "
+                    "score alone"))
+            elif not host.can("prompt_selection"):
+                issues.append(ConfigIssue(
+                    f"{key}.scorer.name", f"selects prompts before generation (on_prompts), which host {host.name!r} "
+                    f"cannot carry out{host.why_not('prompt_selection')}; select after the rollouts instead"))
+        elif actuator.uses_history and any(f.startswith("history_") for f in actuator.requires):
+            issues.append(ConfigIssue(f"{key}.scorer.name", f"{actuator.kind} {aname!r} selects prompts before "
+                                      f"generation from their history; scorer {sname!r} runs {scorer.timing}: pair it "
+                                      "with a pre_rollout scorer (such as zero_variance_streak)"))
+        if timing_after(scorer.timing, "post_advantage"):
+            issues.append(ConfigIssue(f"{key}.scorer.name",
+                                      f"scorer {sname!r} runs {scorer.timing}, after the update it would select for"))
+        return issues
+
+    def check_stack(self, entries: Sequence[tuple[str, type[Actuator]]]) -> list[ConfigIssue]:
+        rewriters = [k for k, cls in entries if getattr(cls, "rewrites_advantages", False)]
+        if len(rewriters) > 1:
+            return [ConfigIssue(rewriters[1], f"{rewriters[0]} already recomputes advantages over the rows it "
+                                "keeps; two subset selectors would overwrite each other's advantages")]
+        return []
+
+    def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:
+        import torch
+
+        view, score, dropped = run.score(batch, step, decision.metrics)
+        actuator = run.actuator
+        assert isinstance(actuator, Selector)
+        sel = run.call("actuator", actuator.select, view, score, step)
+        keep = sel.keep.to(torch.bool)
+        if keep.shape != (len(view),):
+            raise BatchFieldError(actuator.who, "keep", f"expected shape ({len(view)},), got {tuple(keep.shape)}")
+        keep = keep & view.valid_rows
+        metrics = decision.metrics
+        p = run.prefix
+        real = int(view.valid_rows.sum())
+        kept = int(keep.sum())
+        metrics[f"{p}kept_fraction"] = kept / real if real else 0.0
+        metrics[f"{p}kept_rows"] = float(kept)
+        metrics[f"{p}kept_tokens"] = float(view.lengths[keep].sum()) if "response_mask" in view.fields else 0.0
+        metrics[f"{p}kept_groups"] = float(torch.unique(view.group_index[keep]).numel())
+        for k, v in sel.metrics.items():
+            metrics[f"{p}{k}"] = float(v)
+        if run.event == "on_prompts" or run.refill:
+            # Skipping every candidate of one draw (or every group of one refill round) is not an empty
+            # selection: the host draws more; on_empty (max_oversample spent) or on_exhaust (rounds spent)
+            # decides later (the host kit's PromptFill and GroupFill).
+            if dropped is not None:
+                decision.drop(dropped)
+            if run.refill:
+                _check_whole_groups(actuator, view, keep)
+            decision.restrict(keep)
+            return
+        if run.empty(batch, keep, step, decision, dropped):
+            return
+        if run.event == "on_rollout":
+            _check_whole_groups(actuator, view, keep)
+        decision.restrict(keep, on_empty=run.config.on_empty)
+        if sel.advantages is not None:
+            view.check_finite(actuator.who, "advantages", sel.advantages)
+            decision.advantages = sel.advantages
+
+
+def _check_whole_groups(actuator: Actuator, batch: Batch, keep: Tensor) -> None:
+    """At ``on_rollout`` a selector must keep or drop whole groups (it promised to)."""
+    import torch
+
+    from ..ops import segment_max, segment_min
+
+    k = keep.to(torch.float32)
+    gi, n = batch.group_index, batch.num_groups
+    split = segment_max(k, gi, n) != segment_min(k, gi, n)
+    if bool(split.any()):
+        raise BatchFieldError(actuator.who, "keep",
+                              f"split {int(split.sum())} group(s) at on_rollout although it declares "
+                              "keeps_whole_groups; dropping part of a group before the advantage would "
+                              "change the GRPO baseline of the rest")

@@ -1,0 +1,162 @@
+"""verl 0.9.1's ``dataflex_*`` trainers as a host: what they provide at each event and carry out, read from
+the verl config.
+
+Import-light (no verl import): ``dataflex validate`` checks a verl config file with it, ``dataflex doctor``
+and the trainer check the composed config. :func:`describe` works on a ``DictConfig`` or a plain mapping.
+The rules here are verl's settings that would make a method act otherwise than it says (a loss that
+ignores weights, an aggregation under which a masked row still counts, a mode without old log-probs):
+each is refused, naming the verl key and what to set.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigIssue
+from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
+
+if TYPE_CHECKING:
+    from ..block import DataflexConfig
+
+log = logging.getLogger("dataflex_bus")
+
+NAME = "verl"
+#: verl policy losses that ignore ``rollout_is_weights`` entirely (core_algos.py, bypass_mode).
+WEIGHT_IGNORING_LOSSES = frozenset({"bypass_mode"})
+#: verl policy losses that collapse per-token weights to a per-sequence geometric mean.
+WEIGHT_COLLAPSING_LOSSES = frozenset({"geo_mean"})
+WEIGHT_LOSSES = ["vanilla", "gspo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "dro", "cispo"]
+
+
+def select(config: Any, path: str, default: Any = None) -> Any:
+    """``config.a.b.c`` for ``path="a.b.c"`` on a DictConfig or nested mappings; ``default`` when any part is
+    missing or ``None``."""
+    node = config
+    for part in path.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        try:
+            node = node.get(part, None)
+        except Exception:  # a struct-mode DictConfig without the key
+            return default
+    return default if node is None else node
+
+
+def context_issues(config: Any) -> list[ConfigIssue]:
+    """Values of the keys :func:`describe` reads that are not of their type (a verl config file's
+    ``rollout.n=abc``), each an issue naming its key, not a traceback."""
+    issues = []
+    for path, what in (("algorithm", "a mapping"), ("actor_rollout_ref", "a mapping"),
+                       ("actor_rollout_ref.rollout", "a mapping")):
+        node = select(config, path)
+        if node is not None and not hasattr(node, "get"):
+            issues.append(ConfigIssue(path, f"expected {what}, got {type(node).__name__} {node!r}"))
+    estimator = select(config, "algorithm.adv_estimator")
+    if estimator is not None and not (isinstance(estimator, str) and estimator):
+        issues.append(ConfigIssue("algorithm.adv_estimator", f"expected an estimator name (a string), got "
+                                  f"{type(estimator).__name__} {estimator!r}"))
+    n = select(config, "actor_rollout_ref.rollout.n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        issues.append(ConfigIssue("actor_rollout_ref.rollout.n", f"expected an integer >= 1 (responses per "
+                                  f"prompt), got {type(n).__name__} {n!r}"))
+    return issues
+
+
+def describe(config: Any) -> HostDescription:
+    """The host description of the verl run ``config`` describes. A composed config (the trainer, ``dataflex
+    doctor``) holds every key; a config file checked by ``dataflex validate`` may hold a few: the estimator and
+    the group size are then unknown (and bad values too: see :func:`context_issues`), the rest takes verl's
+    defaults."""
+    estimator = select(config, "algorithm.adv_estimator")
+    estimator = estimator if isinstance(estimator, str) else None
+    n = select(config, "actor_rollout_ref.rollout.n")
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+    rollout, advantage = set(EVENT_FIELDS["on_rollout"]), set(EVENT_FIELDS["on_advantage"])
+    missing: dict[str, str] = {}
+
+    def lacks(name: str, why: str, *where: set[str]) -> None:
+        for fields in where:
+            fields.discard(name)
+        missing[name] = why
+
+    if not bool(select(config, "actor_rollout_ref.rollout.calculate_log_probs", True)):
+        lacks("rollout_log_probs", "actor_rollout_ref.rollout.calculate_log_probs=false", rollout, advantage)
+    if bool(select(config, "algorithm.rollout_correction.bypass_mode", False)):
+        lacks("entropy", "algorithm.rollout_correction.bypass_mode=true skips the old-log-prob pass that computes "
+              "it; set it to false", advantage)
+    if select(config, "algorithm.rollout_correction.rollout_is") is None:
+        lacks("rollout_is_weights", "verl writes them only with algorithm.rollout_correction.rollout_is set "
+              "(token or sequence)", advantage)
+    if not (bool(select(config, "algorithm.use_kl_in_reward", False))
+            or bool(select(config, "actor_rollout_ref.actor.use_kl_loss", False))):
+        lacks("ref_log_prob", "no reference policy: set actor_rollout_ref.actor.use_kl_loss=true or "
+              "algorithm.use_kl_in_reward=true", advantage)
+    critic = select(config, "critic.enable")
+    if not (bool(critic) if critic is not None else estimator == "gae"):
+        lacks("values", "no critic (algorithm.adv_estimator is not gae and critic.enable is not true)", advantage)
+    if not bool(select(config, "algorithm.use_kl_in_reward", False)):
+        lacks("token_level_rewards", "verl writes them only with algorithm.use_kl_in_reward=true", advantage)
+    capabilities = set(CAPABILITIES)
+    loss_mode = str(select(config, "actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"))
+    if loss_mode in WEIGHT_IGNORING_LOSSES:
+        capabilities.discard("loss_weights")
+        missing["loss_weights"] = (f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} ignores "
+                                   f"rollout_is_weights; use one of {', '.join(WEIGHT_LOSSES)}")
+    mode = str(select(config, "trainer.v1.trainer_mode", "dataflex_sync"))
+    if mode != "dataflex_sync":
+        capabilities.discard("refill")
+        missing["refill"] = (f"refill runs through verl's synchronous replay buffer; trainer mode {mode!r} uses the "
+                             "asynchronous one: set trainer.v1.trainer_mode=dataflex_sync")
+    fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
+              "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
+    return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
+                           group_size=n, loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
+                                                             "token-mean")),
+                           missing=missing, check=lambda cfg, key: block_issues(config, cfg, key))
+
+
+def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
+    """verl settings under which the block's methods would not do what they say; logs a warning for settings
+    that weaken, but do not disable, a method."""
+    from ..mechanisms import mechanism
+
+    mechs = [mechanism(m.mechanism) for m in cfg.methods]
+    issues = []
+    actor = "actor_rollout_ref.actor"
+    loss_mode = str(select(config, f"{actor}.policy_loss.loss_mode", "vanilla"))
+    if any(m.name == "reweight" for m in mechs) and loss_mode in WEIGHT_COLLAPSING_LOSSES:
+        log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
+                    "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
+    agg = str(select(config, f"{actor}.loss_agg_mode", "token-mean"))
+    drops_at_advantage = any(
+        (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop")
+        and m.resolved is not None and m.resolved.event == "on_advantage" for m in cfg.methods)
+    if agg == "seq-mean-token-sum-norm" and select(config, f"{actor}.loss_scale_factor") is None and drops_at_advantage:
+        width = select(config, "data.max_response_length", 0) or "<max_response_length>"
+        issues.append(ConfigIssue(
+            f"{actor}.loss_scale_factor",
+            "is null, so loss_agg_mode=seq-mean-token-sum-norm divides by the padded response width of each "
+            "micro-batch, which still counts the rows a dataflex method masks at on_advantage: such a drop "
+            "would not equal removing the row", hint=f"set it to a constant, e.g. {actor}.loss_scale_factor={width}"))
+    if any(m.drops_rows for m in mechs) and agg.startswith("seq-mean"):
+        log.warning("dataflex: loss_agg_mode=%s divides by the fixed ppo_mini_batch_size*n, so every dropped "
+                    "sample dilutes the remaining gradient (token-mean renormalises; see docs/verl.md)", agg)
+    verl_dapo = bool(select(config, "algorithm.filter_groups.enable", False))
+    refill = cfg.refill
+    if refill is not None:
+        if verl_dapo:
+            issues.append(ConfigIssue(f"{key}.refill", "algorithm.filter_groups already refills zero-variance groups "
+                                      "inside verl's replay buffer; use one of the two"))
+        train = select(config, "data.train_batch_size")
+        if refill.gen_batch_size is not None and isinstance(train, int) and refill.gen_batch_size < train:
+            issues.append(ConfigIssue(f"{key}.refill.gen_batch_size", f"verl dispatches data.train_batch_size={train} "
+                                      "prompts for a step's first round; the first round cannot be smaller",
+                                      hint=f"leave it unset or set it to {train} or more"))
+    if verl_dapo and any(m.resolved is not None and getattr(m.resolved.actuator.load(), "filters_zero_variance", False)
+                         for m in cfg.methods):
+        log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "
+                    "a dataflex selector that drops zero-variance groups will find nothing to drop after it")
+    return issues
+
+

@@ -1,0 +1,65 @@
+"""The hosts of the contract suite: one ``host`` parameter per host, its test id the host's name."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The verl driver builds on the verl tier's harness.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verl"))
+
+
+@dataclass
+class Host:
+    """A host under contract: ``run(block, world, batch=, steps=, tmp_path=)`` -> step records,
+    ``description()``, and ``lacking()``: ``(capability, description)`` of configurations lacking one."""
+
+    name: str
+    module: Any
+    lacks: Any
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module.run(*args, **kwargs)
+
+    def description(self) -> Any:
+        return self.module.description()
+
+    def lacking(self) -> list[tuple[str, Any]]:
+        found = self.lacks()
+        if not found:
+            pytest.skip(f"host {self.name!r} has every capability")
+        return found
+
+
+def _shim() -> Host:
+    import shim_host
+
+    return Host("shim", shim_host, lambda: [])
+
+
+def _verl() -> Host:
+    import verl_host
+
+    return Host("verl", verl_host, lambda: [
+        ("refill", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
+        ("loss_weights", verl_host.description(["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"])),
+    ])
+
+
+HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq])}
+
+
+@pytest.fixture(params=[pytest.param(name, marks=marks, id=name) for name, (_, marks) in HOSTS.items()])
+def host(request) -> Host:
+    name = request.param
+    if name == "verl":
+        if importlib.util.find_spec("verl") is None:
+            pytest.skip("verl is not installed")
+        request.getfixturevalue("clean_partition")
+        import verl_components  # noqa: F401  (the verl tier's in-process components)
+    return HOSTS[name][0]()

@@ -1,0 +1,238 @@
+"""The host contract: every host carries out the same decisions the same way.
+
+Each case runs a block for a few steps on every host (``-m hosts``; each test id names its host) over the
+scripted world (``world.py``): the same prompts give the same rollouts everywhere, so the rows each update
+trains on, their advantages, weights and loss tokens, whether the update is skipped, the kit's metrics
+(names and values), the refill rounds and the domain probabilities published must all be the same. The
+shim, the reference host, is held to each case's expectations in closed form; every other host to the
+shim's records. A host that cannot carry out a method must refuse it at validation, naming itself.
+
+Adding a host: give it a driver module like ``shim_host.py`` (``run`` and ``description``) and a
+parameter in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from world import DOMAINS, StepRecord, World
+
+pytestmark = pytest.mark.hosts
+
+A_COPY = 0.866025  # rewards [1, 0, 1, 0]: (r - 0.5) / (std 0.57735 + 1e-6)
+A_SORT_RIGHT, A_SORT_WRONG = 1.5, -0.5  # [1, 0, 0, 0]: mean 0.25, std 0.5
+
+
+@dataclass
+class Case:
+    block: dict[str, Any] | None
+    expect: Callable[[list[StepRecord]], None]
+    steps: int = 1
+    batch: int = 6
+    world: World = field(default_factory=World)
+
+
+def trained_domains(record: StepRecord) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for domain, *_ in record.trained:
+        out[domain] = out.get(domain, 0) + 1
+    return out
+
+
+def _plain(records: list[StepRecord]) -> None:
+    (r,) = records
+    assert trained_domains(r) == {"copy": 8, "sort": 8, "reverse": 8} and not r.skipped
+    assert {round(abs(x.advantages[0]), 4) for k, x in r.trained.items() if k[0] == "copy"} == {round(A_COPY, 4)}
+    assert all(x.weights is None for x in r.trained.values())
+    m = r.metrics
+    assert m["dataflex/rollout/rows"] == 24 and m["dataflex/rollout/zero_signal_groups"] == pytest.approx(2 / 6)
+    assert m["compute/generated_rollouts"] == m["compute/trained_rows"] == 24 and m["dataflex/kept_fraction"] == 1
+
+
+def _band(records: list[StepRecord]) -> None:
+    (r,) = records
+    assert trained_domains(r) == {"copy": 8}
+    assert r.metrics["dataflex/removed_rows"] == 16 and r.metrics["compute/dropped_rows"] == 16
+
+
+def _empty(records: list[StepRecord]) -> None:
+    (r,) = records
+    assert r.skipped and not r.trained
+    assert r.metrics["dataflex/skipped_update"] == 1 and r.metrics["dataflex/empty_selection"] == 1
+
+
+def _topk(records: list[StepRecord]) -> None:
+    (r,) = records
+    # |A|: sort's right answers 1.5 (2 rows), copy 0.866 (8): exactly the top 10, no tie at the cut
+    assert trained_domains(r) == {"copy": 8, "sort": 2}
+    assert all(x.advantages[0] == pytest.approx(A_SORT_RIGHT, abs=1e-4) for k, x in r.trained.items() if k[0] == "sort")
+
+
+def _subset(records: list[StepRecord]) -> None:
+    (r,) = records
+    # PODS keeps 2 of 4 per group, the max-variance pair: one right, one wrong where there is one
+    assert trained_domains(r) == {"copy": 4, "sort": 4, "reverse": 4}
+    signal = [abs(x.advantages[0]) for k, x in r.trained.items() if k[0] != "reverse"]
+    assert signal == pytest.approx([0.7071] * 8, abs=1e-4)
+
+
+def _reweight(records: list[StepRecord]) -> None:
+    (r,) = records
+    assert len(r.trained) == 24
+    weights = {k: x.weights for k, x in r.trained.items()}
+    assert all(w is not None for w in weights.values()) and r.metrics["dataflex/weight_max"] > 1
+
+
+def _mix(records: list[StepRecord]) -> None:
+    (r,) = records
+    assert r.domain_probs is not None and set(r.domain_probs) == set(DOMAINS)
+    assert sum(r.domain_probs.values()) == pytest.approx(1.0)
+
+
+def _refill(rounds: int, generated: int, trained: int) -> Callable[[list[StepRecord]], None]:
+    def expect(records: list[StepRecord]) -> None:
+        (r,) = records
+        assert len(r.trained) == 4 * trained and "reverse" not in trained_domains(r)
+        m = r.metrics
+        assert (m["dataflex/refill/rounds"], m["dataflex/refill/generated_groups"]) == (rounds, generated)
+        assert m["dataflex/refill/trained_groups"] == trained and m["compute/generated_rollouts"] == 4 * generated
+
+    return expect
+
+
+def _greso(records: list[StepRecord]) -> None:
+    assert len(records) == 3
+    assert all(r.metrics["dataflex/prompts_generated"] == 4 for r in records)
+    assert records[-1].metrics["dataflex/prompts_considered"] >= 4
+
+
+REFILL_WORLD = World((("reverse", 5), ("copy", 4), ("sort", 3)))
+CASES: dict[str, Case] = {
+    "plain": Case(None, _plain),
+    "select-rollout-band": Case({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+                                 "actuator": {"name": "threshold_band", "params": {"low": 0.4, "high": 0.6}}}, _band),
+    "select-rollout-empty": Case({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+                                  "actuator": {"name": "threshold_band", "params": {"low": 1.5, "high": 2.0}}},
+                                 _empty),
+    "select-advantage-topk": Case({"mechanism": "select", "scorer": {"name": "advantage_magnitude"},
+                                   "actuator": {"name": "topk_fraction", "params": {"fraction": 0.4167}}}, _topk),
+    "select-subset-pods": Case({"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+                                "actuator": {"name": "max_variance", "params": {"keep_fraction": 0.5}}}, _subset),
+    "reweight": Case({"mechanism": "reweight", "scorer": {"name": "advantage_magnitude"},
+                      "actuator": {"name": "per_advantage"}}, _reweight),
+    "mix": Case({"mechanism": "mix", "scorer": {"name": "advantage_magnitude"},
+                 "actuator": {"name": "dump_ucb", "params": {"c": 1.0, "window": 10, "temperature": 0.5}}}, _mix),
+    # round 1 is the whole dataset (12 prompts: 5 reverse dropped, 7 kept), 1 group short; then fixed asks
+    # 12 more, credit2 2 x 5 = 10, greso floor(1.25 * 1 * 12 / 7) = 2, announced as its last round: both are
+    # reverse prompts, so GRESO trains short (on_exhaust=train_short)
+    **{f"refill-{policy}": Case({"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+                                 "actuator": {"name": "dapo"},
+                                 "refill": {"gen_batch_size": 12, "policy": policy, "max_rounds": 5,
+                                            "on_exhaust": "train_short"}},
+                                _refill(*expected), batch=8, world=REFILL_WORLD)
+       for policy, expected in (("fixed", (2, 24, 8)), ("credit2", (2, 22, 8)), ("greso", (2, 14, 7)))},
+    "prompts-greso": Case({"methods": [
+        {"name": "greso", "mechanism": "select", "scorer": {"name": "zero_variance_streak"},
+         "actuator": {"name": "greso", "params": {"p_easy_init": 0.5, "p_hard_init": 0.5, "adapt_from_epoch": 0}}},
+        {"name": "dapo", "mechanism": "select", "scorer": {"name": "reward_difficulty"},
+         "actuator": {"name": "dapo"}}]},
+        _greso, steps=3, batch=4, world=World((("reverse", 4), ("copy", 4), ("sort", 4)))),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Callable[[str], list[StepRecord]]:
+    """The shim's records of a case, computed once."""
+    import shim_host
+
+    cache: dict[str, list[StepRecord]] = {}
+
+    def get(name: str) -> list[StepRecord]:
+        if name not in cache:
+            case = CASES[name]
+            cache[name] = shim_host.run(case.block, case.world, batch=case.batch, steps=case.steps,
+                                        tmp_path=tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return get
+
+
+def assert_same(records: list[StepRecord], reference: list[StepRecord], host: str) -> None:
+    assert len(records) == len(reference)
+    for i, (got, want) in enumerate(zip(records, reference)):
+        where = f"{host}, step {i}"
+        assert got.skipped == want.skipped, where
+        assert sorted(got.trained) == sorted(want.trained), where
+        for key, row in want.trained.items():
+            mine = got.trained[key]
+            assert mine.tokens == row.tokens, (where, key)
+            assert mine.advantages == pytest.approx(row.advantages, abs=1e-4), (where, key, "advantages")
+            assert (mine.weights is None) == (row.weights is None), (where, key, "weights")
+            if row.weights is not None:
+                assert mine.weights == pytest.approx(row.weights, abs=1e-4), (where, key, "weights")
+        assert sorted(got.metrics) == sorted(want.metrics), (where, set(got.metrics) ^ set(want.metrics))
+        for name, value in want.metrics.items():
+            assert got.metrics[name] == pytest.approx(value, abs=1e-5), (where, name)
+        if want.domain_probs is None:
+            assert got.domain_probs is None, where
+        else:
+            assert got.domain_probs == pytest.approx(want.domain_probs), where
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_same_decisions_are_carried_out_the_same_way(host, case, reference, tmp_path):
+    c = CASES[case]
+    want = reference(case)
+    if host.name == "shim":
+        c.expect(want)
+        return
+    got = host.run(c.block, c.world, batch=c.batch, steps=c.steps, tmp_path=tmp_path)
+    c.expect(got)
+    assert_same(got, want, host.name)
+
+
+def test_a_field_the_host_lacks_is_refused_naming_the_host(host, register):
+    from dataflex_bus import Score, Scorer
+    from dataflex_bus.errors import ConfigError
+    from dataflex_bus.host import EVENT_FIELDS
+    from dataflex_bus.validation import validate
+
+    description = host.description()
+    lacking = sorted(EVENT_FIELDS["on_advantage"] - description.fields["on_advantage"])
+    if not lacking:
+        pytest.skip(f"host {description.name!r} provides every field")
+
+    class Needs(Scorer):
+        requires = (lacking[0],)
+        timing = "post_advantage"
+
+        def score(self, batch, step, **ctx):
+            return Score(batch.rewards, "response")
+
+    register("scorer", "contract_needs", Needs)
+    block = {"mechanism": "select", "scorer": {"name": "contract_needs"}, "actuator": {"name": "topk_fraction"}}
+    with pytest.raises(ConfigError) as err:
+        validate(block, host=description)
+    message = str(err.value)
+    assert f"host {description.name!r}" in message and lacking[0] in message
+
+
+def test_every_capability_the_host_lacks_is_refused_naming_the_host(host):
+    from dataflex_bus.errors import ConfigError
+    from dataflex_bus.host import CAPABILITIES
+    from dataflex_bus.validation import validate
+
+    blocks = {
+        "prompt_selection": CASES["prompts-greso"].block,
+        "refill": CASES["refill-fixed"].block,
+        "domain_sampling": CASES["mix"].block,
+        "loss_weights": CASES["reweight"].block,
+    }
+    assert set(blocks) == set(CAPABILITIES)
+    for capability, description in host.lacking():
+        with pytest.raises(ConfigError) as err:
+            validate(blocks[capability], host=description)
+        assert f"host {description.name!r}" in str(err.value), capability
