@@ -8,6 +8,7 @@ A :class:`Batch` is a set of named tensors using verl's field names (``rm_scores
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -55,6 +56,39 @@ def _check_domain_names(names: Sequence[str]) -> None:
                               "each domain must be listed once")
 
 
+def _check_mask(mask: Tensor, valid: Tensor | None) -> None:
+    """``response_mask`` holds 0 or 1 on real rows: it counts tokens and multiplies rewards, so any other
+    value would silently scale a reward. One min/max reduction decides the common case (an integer 0/1
+    mask); padding rows may carry anything."""
+    if mask.dtype == torch.bool or mask.numel() == 0 or mask.is_complex():
+        return
+    lo, hi = torch.aminmax(mask)
+    if not mask.is_floating_point() and int(lo) >= 0 and int(hi) <= 1:
+        return
+    bad = (mask != 0) & (mask != 1)
+    rows = bad.reshape(mask.shape[0], -1).any(-1) if mask.dim() > 0 else bad.reshape(1)
+    if valid is not None and rows.shape == valid.shape:
+        rows = rows & valid
+    if bool(rows.any()):
+        first = torch.nonzero(rows).flatten()[:5].tolist()
+        values = torch.unique(mask[rows][bad[rows]])[:5].tolist() if mask.dim() > 0 else [mask.item()]
+        raise BatchFieldError("Batch", "response_mask", f"holds {values} on rows {first}: a mask must be 0 or 1 "
+                              "on every real row (other values would scale rewards and lengths)")
+
+
+def _check_uid_none(labels: list[Any], group_ids: Tensor, valid: Tensor | None) -> None:
+    """A ``None`` group label would put every row lacking one into one spurious group."""
+    if None not in labels:
+        return
+    rows = group_ids == labels.index(None)
+    if valid is not None and rows.shape == valid.shape:
+        rows = rows & valid
+    if bool(rows.any()):
+        first = torch.nonzero(rows).flatten()[:5].tolist()
+        raise BatchFieldError("Batch", "uid", f"None on {int(rows.sum())} real row(s) (rows {first}): every real "
+                              "row needs its prompt's group label (None would join unrelated rows into one group)")
+
+
 def _integer_ids(field: str, ids: Tensor) -> Tensor:
     """An integer label tensor as int64; a float or bool tensor would silently truncate or merge groups."""
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
@@ -98,6 +132,9 @@ class Batch:
         self.domain_ids = domain_ids
         self.domain_names = list(domain_names)
         self.uid = list(uid) if uid is not None else None
+        #: The ``response_mask`` that :meth:`from_tensors` checked (0/1 on real rows), so :attr:`lengths`
+        #: need not check it again; a weak reference, which the write check does not count as a tensor.
+        self._checked_mask: weakref.ref[Tensor] | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -118,6 +155,11 @@ class Batch:
         rows = cls._row_count(fields)
         if domain_names is not None:
             _check_domain_names(domain_names)
+        pad = None if is_padding is None else torch.as_tensor(is_padding, dtype=torch.bool)
+        valid = None if pad is None else ~pad
+        mask = fields.get("response_mask")
+        if isinstance(mask, Tensor):
+            _check_mask(mask, valid)
         uid_list: list[Any] | None = None
         group_ids: Tensor | None
         if uid is None:
@@ -128,7 +170,8 @@ class Batch:
                 group_ids = _integer_ids("uid", uid)
             else:
                 uid_list = list(uid)
-                group_ids, _ = _index_labels(uid_list, "uid")
+                group_ids, labels = _index_labels(uid_list, "uid")
+                _check_uid_none(labels, group_ids, valid)
         if domains is None:
             domain_ids, names = None, list(domain_names or [])
         else:
@@ -158,9 +201,10 @@ class Batch:
                     domain_ids = remap[domain_ids]
                 else:
                     names = found_names
-        pad = None if is_padding is None else torch.as_tensor(is_padding, dtype=torch.bool)
         batch = cls(fields, group_ids=group_ids, domain_ids=domain_ids, domain_names=names,
                     is_padding=pad, uid=uid_list)
+        if isinstance(mask, Tensor):
+            batch._checked_mask = weakref.ref(mask)
         if isinstance(domains, Tensor) and domain_ids is not None and domain_ids.numel():
             # Real rows must name a listed domain (padding rows may carry anything): one reduction.
             lo, hi = torch.aminmax(torch.where(batch.valid_rows, domain_ids, 0))
@@ -259,7 +303,8 @@ class Batch:
         if mask.dim() == 2 and mask.dtype != torch.bool and not mask.is_floating_point() and mask.numel():
             # verl's masks are 0/1 int64: their row sum is the count, and summing int64 is several times
             # faster than reducing a bool [B, T] tensor (no conversion, no token_mask allocation).
-            lo, hi = torch.aminmax(mask)
+            checked = self._checked_mask is not None and self._checked_mask() is mask
+            lo, hi = (0, 1) if checked else torch.aminmax(mask)
             if int(lo) >= 0 and int(hi) <= 1:
                 return torch.where(self.valid_rows, mask.sum(-1), 0)
         return self.token_mask.view(torch.uint8).sum(-1, dtype=torch.int32).to(torch.long)
@@ -274,6 +319,9 @@ class Batch:
             # Multiply by the mask as it is (int/bool promote to float32): no converted [B, T] copy.
             r = (scores.to(torch.float32) * self["response_mask"]).sum(-1)
             r = r.to(torch.float32)
+            if not bool(torch.isfinite(r).all()):
+                # NaN x 0 is NaN: a NaN/inf after a response's end must not decide (a [B] check first).
+                r = torch.where(self.token_mask, scores.to(torch.float32), 0.0).sum(-1)
         return torch.where(self.valid_rows, r, torch.zeros_like(r))
 
     @cached_property

@@ -140,3 +140,60 @@ def test_derived_batches_check_their_labels_too():
         b.derive(domain_ids=torch.zeros(3, dtype=torch.long), domain_names=["x"])
     with pytest.raises(BatchFieldError, match="field 'domain_names'"):
         b.derive(domain_ids=torch.zeros(4, dtype=torch.long), domain_names=["x", "x"])
+
+
+# ---------------------------------------------------------------------------- masks and missing labels
+@pytest.mark.parametrize("mask", [
+    torch.tensor([[1, 1], [2, 0], [1, 0], [1, 1]]),                    # int: a 2 would double a reward
+    torch.tensor([[1, 1], [1, -1], [1, 0], [1, 1]]),
+    torch.tensor([[1.0, 1.0], [0.5, 0.0], [1.0, 0.0], [1.0, 1.0]]),    # float: a 0.5 would halve one
+])
+def test_a_response_mask_other_than_0_1_is_refused(mask):
+    with pytest.raises(BatchFieldError) as err:
+        Batch.from_tensors(uid=["a", "a", "b", "b"], rm_scores=torch.ones(4, 2), response_mask=mask)
+    assert "field 'response_mask'" in str(err.value) and "0 or 1" in str(err.value)
+
+
+def test_a_response_mask_of_0_1_passes_in_any_dtype():
+    for dtype in (torch.bool, torch.int64, torch.int32, torch.uint8, torch.float32):
+        mask = torch.tensor([[1, 1], [1, 0]]).to(dtype)
+        assert Batch.from_tensors(uid=["a", "a"], rm_scores=torch.ones(2, 2), response_mask=mask).lengths.tolist() \
+            == [2, 1]
+
+
+def test_padding_rows_may_carry_any_mask_value():
+    b = Batch.from_tensors(uid=["a", "a", "p"], is_padding=[0, 0, 1], rm_scores=torch.ones(3, 2),
+                           response_mask=torch.tensor([[1, 1], [1, 0], [7, 7]]))
+    assert b.rewards.tolist() == [2.0, 1.0, 0.0]
+
+
+def test_a_uid_of_none_on_a_real_row_is_refused():
+    for uid in ([None] * 4, ["a", "a", None, None]):
+        with pytest.raises(BatchFieldError) as err:
+            Batch.from_tensors(uid=uid, **_fields())
+        assert "field 'uid'" in str(err.value) and "None" in str(err.value)
+    # Padding rows belong to no group: what they carry does not matter.
+    b = Batch.from_tensors(uid=["a", "a", None, None], is_padding=[0, 0, 1, 1], **_fields())
+    assert b.num_groups == 1
+
+
+def test_nan_on_masked_tokens_never_decides():
+    rm = torch.tensor([[0.0, 1.0, float("nan")], [0.0, 0.0, 0.0], [1.0, float("nan"), float("inf")]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    b = Batch.from_tensors(uid=["a", "a", "a"], rm_scores=rm, response_mask=mask)
+    assert b.rewards.tolist() == [1.0, 0.0, 1.0]
+    # NaN on a real token is still NaN: the score is refused (or dropped) by on_nonfinite.
+    rm[1, 2] = float("nan")
+    assert torch.isnan(Batch.from_tensors(uid=["a", "a", "a"], rm_scores=rm, response_mask=mask).rewards[1])
+
+
+def test_a_method_is_not_refused_for_nan_after_the_response_end():
+    from dataflex_bus.testing import apply_method, make_batch
+
+    b = make_batch(groups=4, group_size=4, max_len=8, min_len=2, seed=1)
+    rm = b["rm_scores"].clone()
+    rm[~b.token_mask] = float("nan")                    # what a reward model may write past the end
+    nan_tail = b.with_fields(rm_scores=rm)
+    block = {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+             "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}}
+    assert torch.equal(apply_method(block, nan_tail).keep, apply_method(block, b).keep)
