@@ -246,6 +246,28 @@ class Mixer(Actuator):
 
 
 # ---------------------------------------------------------------------------- checks the bus relies on
+#: Components already warned about returning tensors that require grad (one warning each per process).
+_WARNED_GRAD: set[str] = set()
+
+
+def without_grad(values: Tensor, who: str, what: str) -> Tensor:
+    """``values`` detached from autograd, warning once per component when it carried a graph.
+
+    Scores and weights decide what is trained; they are never differentiated. A graph on them would
+    join the loss's (its backward then fails on the second mini-batch, naming no plugin).
+    """
+    if not values.requires_grad:
+        return values
+    if who not in _WARNED_GRAD:
+        _WARNED_GRAD.add(who)
+        import logging
+
+        logging.getLogger("dataflex_bus").warning(
+            "dataflex: %s returned %s that requires grad; detached (the bus never differentiates through "
+            "them): return a detached tensor (torch.no_grad() or .detach())", who, what)
+    return values.detach()
+
+
 def as_score(result: Any, scorer: Scorer, batch: Batch) -> Score:
     """What ``scorer.score(batch, ...)`` returned, as a checked :class:`Score`.
 
@@ -271,7 +293,7 @@ def as_score(result: Any, scorer: Scorer, batch: Batch) -> Score:
     else:
         raise BatchFieldError(who, "score",
                               f"score() must return a Score or a tensor, got {type(result).__name__}")
-    values = score.values
+    values = score.values = without_grad(score.values, who, "a score")
     if values.dtype == torch.bool or values.is_complex():
         raise BatchFieldError(who, "score", f"expected a float or integer tensor, got {values.dtype}")
     rows = len(batch)

@@ -309,6 +309,7 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) ->
             scorer = built.get(method, "scorer", found.scorer.load(), found.scorer_params)
             selector = built.get(method, "actuator", found.actuator.load(), found.actuator_params)
             assert isinstance(scorer, Scorer) and isinstance(selector, Selector)
+            scorer.name, selector.name = found.scorer.name, found.actuator.name  # as warnings name them
             score = as_score(scorer.score(view, 0), scorer, view)
             keep = selector.select(view, score, 0).keep.to(torch.bool) & view.valid_rows
         except (Exception, SystemExit):  # sys.exit in a plugin must not end `validate` or `run` with 0

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from ..components import without_grad
 from ..errors import BatchFieldError
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ def expand_weights(w: Tensor, batch: Batch, who: str) -> tuple[Tensor, WeightSta
     """Check ``[B]`` or ``[B, T]`` weights on the real tokens of ``batch`` (finite, non-negative), expand
     them to ``[B, T]`` float32 with 1 on every other token, and summarise them (``None`` without real
     tokens). Raises :class:`BatchFieldError` naming ``who``."""
+    w = without_grad(w, who, "weights")
     tm = batch.token_mask
     if tuple(w.shape) not in ((len(batch),), tuple(tm.shape)):
         raise BatchFieldError(who, "weights",

@@ -415,3 +415,42 @@ def test_host_domains_missing_a_configured_one_are_refused(toys):
     runtime = Runtime({**MIX, "domains": ["a", "b", "poetry"]})
     with pytest.raises(ConfigError, match=r"dataflex\.domains.*\['poetry'\] are not in the dataset"):
         runtime.set_domains(["a", "b"])
+
+
+# ---------------------------------------------------------------------------- scores that require grad
+class GradScore(Scorer):
+    """A score computed with autograd on (say, through a model): it carries a graph."""
+
+    requires = ("rm_scores", "response_mask")
+    timing = "post_advantage"
+
+    def score(self, batch, step_id, **ctx):
+        return torch.ones(len(batch), requires_grad=True) * (1.0 + batch.rewards)
+
+
+class GradWeights(Reweighter):
+    def reweight(self, batch, score, step_id):
+        return Reweighting(torch.ones(len(batch), requires_grad=True) * 2.0)
+
+
+@pytest.mark.parametrize(("mechanism", "scorer", "actuator", "named"), [
+    ("reweight", GradScore, "softmax", "t_grad_a"),
+    ("select", GradScore, "topk_fraction", "t_grad_b"),
+    ("reweight", None, "t_grad_weights", "t_grad_weights"),
+])
+def test_a_score_or_weights_requiring_grad_are_detached_and_named(toys, register, dataflex_log, mechanism, scorer,
+                                                                   actuator, named):
+    """Without the detach the weights carry a graph and the policy update fails in autograd (backward
+    through the graph a second time), naming no plugin."""
+    if scorer is not None:
+        register("scorer", named, scorer)
+    register("reweighter", "t_grad_weights", GradWeights)
+    block = {"mechanism": mechanism, "scorer": {"name": named if scorer else "toy_reward"},
+             "actuator": {"name": actuator}}
+    runtime = Runtime(block)
+    for _ in range(2):
+        decision = runtime.emit("on_advantage", toy_batch(), 0)
+        for tensor in (decision.weights, decision.keep, decision.advantages):
+            assert tensor is None or (not tensor.requires_grad and tensor.grad_fn is None)
+    warned = [r.getMessage() for r in dataflex_log.records if "requires grad" in r.getMessage()]
+    assert len(warned) == 1 and f"'{named}'" in warned[0]

@@ -157,6 +157,26 @@ def test_plugin_exit_and_interrupt(tmp_path, capsys, register):
     assert json.loads((tmp_path / "c" / "run.json").read_text())["status"] == "interrupted"
 
 
+def test_a_score_requiring_grad_trains_and_is_named(tmp_path, capsys, register):
+    """Without the detach the PPO update fails in autograd (a traceback naming no plugin, exit 1)."""
+    import torch
+
+    from dataflex_bus import Scorer
+
+    class GradScore(Scorer):
+        requires = ("rm_scores", "response_mask")
+        timing = "post_advantage"
+
+        def score(self, batch, step_id, **ctx):
+            return torch.ones(len(batch), requires_grad=True) * (1.0 + batch.rewards)
+
+    register("scorer", "t_grad_score", GradScore)
+    block = {"mechanism": "reweight", "scorer": {"name": "t_grad_score"}, "actuator": {"name": "softmax"}}
+    rc, out, err = run(capsys, write(tmp_path / "g.yaml", tiny(block)), "--out", str(tmp_path / "g"))
+    assert rc == 0 and out.startswith("done: 3 steps")
+    assert "scorer 't_grad_score' returned a score that requires grad; detached" in err
+
+
 # ---------------------------------------------------------------------------- the real executable
 def dataflex(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dataflex_bus.cli", *args], stdout=subprocess.PIPE,
