@@ -284,9 +284,10 @@ def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[
 
 def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) -> list[ConfigIssue]:
     """Run the block's selections, in order, on a probe batch holding one group per number of right
-    rollouts (0..n of n, binary rewards): a selection that keeps nothing of what reaches it would skip
-    every update, one that keeps everything does nothing. Advisory: a component that cannot run on the
-    probe (fields it lacks, state it expects) ends the probe without a warning."""
+    rollouts (0..g of g, binary rewards; :mod:`.probe`, bounded whatever ``n`` is): a selection that keeps
+    nothing of what reaches it would skip every update, one that keeps everything does nothing. Advisory: a
+    component that cannot run on the probe (fields it lacks, state it expects) ends the probe without a
+    warning."""
     selects = [i for i, m in enumerate(cfg.methods)
                if m.resolved is not None and issubclass(m.resolved.actuator.load(), Selector)]
     if not selects or n < 2:
@@ -294,11 +295,13 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) ->
     import torch
 
     from .decision import Decision
-    from .testing.factories import make_batch
+    from .probe import outcome_probe, probe_group_size
 
     keys = method_keys(cfg, key)
-    rewards = [float(i < k) for k in range(n + 1) for i in range(n)]
-    batch = make_batch(groups=n + 1, group_size=n, rewards=rewards, max_len=4, min_len=4, domains=1)
+    batch = outcome_probe(n)
+    g = probe_group_size(n)
+    outcomes = f"0..{g} of {g} rollouts right, rewards 0/1" + (f"; groups of {g} standing in for n={n}"
+                                                             if g < n else "")
     decision = Decision()
     view, warnings = batch, list[ConfigIssue]()
     for i in selects:
@@ -317,12 +320,12 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) ->
         if not bool(keep.any()):
             before = " of what the methods before it leave" if decision.keep is not None else ""
             warnings.append(ConfigIssue(keys[i], f"keeps no row{before} in a probe batch holding every outcome "
-                                        f"of a group (0..{n} of {n} rollouts right, rewards 0/1): every update "
+                                        f"of a group ({outcomes}): every update "
                                         "would be skipped; check the parameters"))
             return warnings
         if bool(keep[view.valid_rows].all()):
             warnings.append(ConfigIssue(keys[i], f"keeps every row of a probe batch holding every outcome of a "
-                                        f"group (0..{n} of {n} rollouts right, rewards 0/1): it would select "
+                                        f"group ({outcomes}): it would select "
                                         "nothing away; check the parameters"))
         decision.restrict(keep)
         view = batch.derive(is_padding=batch.is_padding | ~keep)

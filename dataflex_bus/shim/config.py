@@ -93,6 +93,11 @@ def prepare(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None,
             raw["trainer"] = trainer
     issues: list[ConfigIssue] = []
     resolved = _resolve_sections(raw, issues)
+    # Sizes first, before anything that allocates (validation runs plugins' code on a probe batch). Keys
+    # with a bad value hold their default in `resolved`, so the estimate is sound either way.
+    too_big = check_memory(resolved)
+    if too_big is not None:
+        issues.append(too_big)
     method = None
     if resolved["dataflex"]:
         # The group size is only known when trainer.group_size itself was valid.
@@ -107,10 +112,6 @@ def prepare(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None,
         if missing:
             issues.append(ConfigIssue("dataflex.domains", f"domains {missing} are not in data.domains",
                                       resolved["data"]["domains"]))
-    # Keys with a bad value hold their default in `resolved`, so the estimate is sound either way.
-    too_big = check_memory(resolved)
-    if too_big is not None:
-        issues.append(too_big)
     if issues:
         raise ConfigError(issues)
     return RunConfig(resolved, method)

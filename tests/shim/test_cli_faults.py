@@ -69,6 +69,26 @@ def test_absurd_group_size(cfg, tmp_path, capsys):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("command", [["validate"], ["run", "--dry-run"], ["run", "--no-progress"]])
+def test_absurd_group_size_with_a_selection_under_a_memory_limit(tmp_path, command):
+    """The selection probe once built (n+1) x n rows before the memory check ran: killed by the kernel, or
+    a MemoryError traceback under a limit. Address space is capped at 3 GiB, so a regression fails fast."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 1024 ** 3, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    example = str(faults.ROOT / "examples" / "difficulty_filter.yaml")
+    proc = subprocess.run([sys.executable, "-m", "dataflex_bus.cli", *command, example,
+                           "trainer.group_size=100000000000", *(["--out", str(tmp_path / "o")] if "run" in command
+                                                                else [])],
+                          capture_output=True, text=True, env=faults.env(), preexec_fn=cap, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "trainer.group_size: 100000000000 makes the run need about" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.integration
 def test_locked_out(cfg, tmp_path, capsys):
     out = tmp_path / "o"
     with faults.lock_holder(out) as pid:
