@@ -307,16 +307,20 @@ class ShimTrainer:
             found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
             raise CheckpointError(f"{source}: not a dataflex shim checkpoint (format {found!r}, "
                                   f"expected {FORMAT!r})")
-        mismatch = diff(state.get("fingerprint"), fingerprint(self.config))
-        if mismatch:
-            raise CheckpointError(f"{source} was written by a different config; refusing to resume:\n"
-                                  + "\n".join(f"  - {m}" for m in mismatch)
-                                  + "\nstart a fresh run (--force) or resume with the original config")
+        # The entries first: a missing fingerprint is damage, not a config that differs in every key.
         for entry, kind in _ENTRIES.items():
             value = state.get(entry)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise CheckpointError(f"{source}: entry {entry!r} holds {type(value).__name__} {_short(value)}, not "
                                       f"{_KIND_NAMES[kind]}; the checkpoint is damaged, start a fresh run (--force)")
+        if state["step"] < 0:
+            raise CheckpointError(f"{source}: entry 'step' holds {state['step']}, not a step count (0 or more); the "
+                                  "checkpoint is damaged, start a fresh run (--force)")
+        mismatch = diff(state["fingerprint"], fingerprint(self.config))
+        if mismatch:
+            raise CheckpointError(f"{source} was written by a different config; refusing to resume:\n"
+                                  + "\n".join(f"  - {m}" for m in mismatch)
+                                  + "\nstart a fresh run (--force) or resume with the original config")
         try:
             self.policy.load_state_dict(state["policy"])
             if self.reference is not None:
@@ -341,8 +345,8 @@ class ShimTrainer:
 
 #: Entries of a checkpoint and their types, checked before anything is restored (so a damaged one is
 #: named, not met as an AttributeError deep in a plugin).
-_ENTRIES: dict[str, type] = {"step": int, "policy": Mapping, "optimizer": Mapping, "rng": Mapping,
-                             "sampler": Mapping, "counters": Mapping, "runtime": Mapping}
+_ENTRIES: dict[str, type] = {"fingerprint": Mapping, "step": int, "policy": Mapping, "optimizer": Mapping,
+                             "rng": Mapping, "sampler": Mapping, "counters": Mapping, "runtime": Mapping}
 _KIND_NAMES = {int: "an integer", Mapping: "a mapping"}
 
 

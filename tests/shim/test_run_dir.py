@@ -206,13 +206,25 @@ def test_an_intact_checkpoint_round_trips(tmp_path):
     ("step", True, "entry 'step' holds bool True, not an integer"),
     ("rng", [1, 2], "entry 'rng' holds list"),
     ("counters", None, "entry 'counters' holds NoneType"),
+    # Once reported as "written by a different config: - : checkpoint None, config {...}".
+    ("fingerprint", None, "entry 'fingerprint' holds NoneType None, not a mapping"),
+    ("fingerprint", "abc", "entry 'fingerprint' holds str 'abc', not a mapping"),
+    # Once reported as "metrics.jsonl holds 0 steps but the checkpoint is at step -3".
+    ("step", -3, "entry 'step' holds -3, not a step count"),
 ])
 def test_checkpoint_entries_of_the_wrong_type_are_named(finished, entry, value, message):
     state = load_checkpoint(finished / "checkpoint.pt")
-    state[entry] = value
+    if value is None and entry == "fingerprint":
+        del state[entry]
+    else:
+        state[entry] = value
     save_checkpoint(state, finished)  # a valid checksum: the content itself is wrong
-    with pytest.raises(CheckpointError, match=message):
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.name != "run.json"}
+    with pytest.raises(CheckpointError, match=message) as err:
         run_training(tiny(trainer={"save_every": 2}), steps=6, out=finished, resume=True)
+    assert "the checkpoint is damaged" in str(err.value) and "different config" not in str(err.value)
+    # Nothing of the run is lost: the checkpoint and the metrics stay as they were.
+    assert {p.name: p.read_bytes() for p in finished.iterdir() if p.name != "run.json"} == before
 
 
 def test_plugin_state_of_the_wrong_type_is_a_checkpoint_error(tmp_path, shim_components):
