@@ -46,7 +46,8 @@ class RunDirError(DataflexError):
 
 
 class CheckpointError(DataflexError):
-    """A checkpoint or metrics file cannot be read, is damaged, or was written by a different config."""
+    """A checkpoint, metrics file or run record cannot be read, is damaged, or was written by a different
+    config."""
 
 
 def io_error(path: Path, exc: OSError, doing: str) -> RunDirError:

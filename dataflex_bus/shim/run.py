@@ -94,7 +94,8 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
             check_run_dir(out_dir, force=force)
         check_writable(out_dir)
         saved = _read_checkpoint(out_dir, resolved) if resume else None
-        return _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress))
+        previous = _previous_record(out_dir) if resume else None
+        return _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress, previous))
 
 
 def _with_threads(resolved: Mapping[str, Any], body: Callable[[], RunResult]) -> RunResult:
@@ -139,29 +140,43 @@ def _version_changes(before: Any, after: dict[str, Any]) -> list[str]:
 
 
 def _previous_record(out_dir: Path) -> dict[str, Any]:
-    """The run record a resume continues (empty, with a note, if it is missing or unreadable)."""
+    """The run record a resume continues (empty, with a note, if it is missing). A damaged one is refused
+    before any work: it is the only list of the earlier sessions, and the resume would overwrite it."""
     path = out_dir / RECORD
     try:
-        record = json.loads(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         return {"events": [{"event": "record_missing", "detail": f"{RECORD} was missing at resume"}]}
-    except (OSError, ValueError) as exc:
-        return {"events": [{"event": "record_unreadable", "detail": f"{RECORD} could not be read at resume "
-                            f"({exc}); the sessions before this one are not listed"}]}
-    return record if isinstance(record, dict) else {}
+    except OSError as exc:
+        raise io_error(path, exc, "read the run record") from exc
+    keep = ("; it lists the run's earlier sessions and a resume would overwrite it: repair it, or move it away "
+            "to resume without them")
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise CheckpointError(f"{path}: is not valid JSON ({exc}){keep}") from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(record).__name__}, not an object{keep}")
+    for key in ("sessions", "events"):
+        entries = record.get(key, [])
+        if not isinstance(entries, list):
+            raise CheckpointError(f"{path}: {key!r} holds {type(entries).__name__}, not a list of objects{keep}")
+        odd = next((e for e in entries if not isinstance(e, dict)), None)
+        if odd is not None:
+            raise CheckpointError(f"{path}: {key!r} holds a list with {type(odd).__name__}, not a list of "
+                                  f"objects{keep}")
+    return record
 
 
 def _resume(trainer: ShimTrainer, out_dir: Path, state: dict[str, Any], record: dict[str, Any],
-            provenance: dict[str, Any]) -> list[dict[str, float]]:
+            provenance: dict[str, Any], previous: dict[str, Any]) -> list[dict[str, float]]:
     """Restore the checkpoint, the metrics up to it and the run history; returns the metrics history."""
     trainer.load_state_dict(state, source=str(out_dir / CHECKPOINT))
     history = read_metrics(out_dir / METRICS, limit=trainer.step)
     if len(history) != trainer.step:
         raise CheckpointError(f"{out_dir / METRICS} holds {len(history)} steps but the checkpoint is at "
                               f"step {trainer.step}")
-    previous = _previous_record(out_dir)
-    sessions = [s for s in previous.get("sessions") or [] if isinstance(s, dict)]
-    events = [e for e in previous.get("events") or [] if isinstance(e, dict)]
+    sessions, events = list(previous.get("sessions") or []), list(previous.get("events") or [])
     for i, s in enumerate(sessions):
         # Nobody else holds the lock, so a session still "running" is one whose process died.
         if s.get("status", "running") == "running":
@@ -205,7 +220,7 @@ class _RecordWriter:
 
 
 def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, saved: dict[str, Any] | None,
-           progress: bool) -> RunResult:
+           progress: bool, previous: dict[str, Any] | None = None) -> RunResult:
     t = resolved["trainer"]
     provenance = _provenance(runtime)
     # A resumed run takes its weights from the checkpoint: no warm start to redo.
@@ -219,7 +234,7 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
     }
     writer = _RecordWriter(out_dir)
     if out_dir is not None and saved is not None:
-        history = _resume(trainer, out_dir, saved, record, provenance)
+        history = _resume(trainer, out_dir, saved, record, provenance, previous or {})
     session: dict[str, Any] = {"pid": os.getpid(), "start_step": trainer.step, "end_step": trainer.step,
                                "started": time.time(), "status": "running", **provenance}
     record["sessions"].append(session)

@@ -126,6 +126,13 @@ def test_damaged_metrics_line(cfg, done, capsys):
     assert rc == 2 and f"{path}: line 2 is not valid JSON" in error_line(err)
 
 
+def test_garbage_run_record_at_resume(cfg, done, capsys):
+    (done / "run.json").write_bytes(b"\x00garbage")
+    rc, _, err = run(capsys, cfg, "--out", str(done), "--steps", "6", "--resume")
+    assert rc == 2 and f"{done / 'run.json'}: is not valid JSON" in error_line(err)
+    assert (done / "run.json").read_bytes() == b"\x00garbage"
+
+
 def test_flipped_byte_and_wrong_type_in_the_checkpoint(cfg, done, capsys):
     path = done / "checkpoint.pt"
     state = load_checkpoint(path)

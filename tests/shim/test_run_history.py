@@ -13,7 +13,7 @@ from dataflex_bus import hookimpl
 from dataflex_bus.bus import PluginInterrupt
 from dataflex_bus.errors import ConfigError, PluginRuntimeError
 from dataflex_bus.shim import run_training
-from dataflex_bus.shim.files import load_checkpoint, save_checkpoint
+from dataflex_bus.shim.files import CheckpointError, load_checkpoint
 
 from . import faults
 from .conftest import tiny, without_times
@@ -175,15 +175,31 @@ def test_a_checkpoint_records_what_produced_it(tmp_path):
     assert provenance["dataflex_bus"] == "0.1.0" and "dataflex-bus==0.1.0" in provenance["plugins"]
 
 
+@pytest.mark.parametrize(("garbage", "message"), [
+    (b"{ damaged", "is not valid JSON"),
+    (b"\xff\xfe garbage", "is not valid JSON"),
+    (b"[1, 2]", "holds a JSON list, not an object"),
+    (b'{"sessions": "oops"}', "'sessions' holds str, not a list of objects"),
+    (b'{"sessions": [1, 2]}', "'sessions' holds a list with int, not a list of objects"),
+    (b'{"events": {"a": 1}}', "'events' holds dict, not a list of objects"),
+])
+def test_a_damaged_record_at_resume_is_refused_and_kept(tmp_path, garbage, message):
+    """A damaged record was overwritten by the resume (exit 0, no warning): the earlier sessions were lost."""
+    out = tmp_path / "run"
+    run_training(tiny(), steps=2, out=out)
+    (out / "run.json").write_bytes(garbage)
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(CheckpointError, match=message) as err:
+        run_training(tiny(), steps=3, out=out, resume=True)
+    assert str(out / "run.json") in str(err.value) and "move it away" in str(err.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
+
+
 def test_a_missing_record_at_resume_is_noted_not_fatal(tmp_path):
     out = tmp_path / "run"
     run_training(tiny(), steps=2, out=out)
-    (out / "run.json").write_text("{ damaged")
+    (out / "run.json").unlink()   # what the refusal of a damaged record tells its owner to do, if they choose
     run_training(tiny(), steps=3, out=out, resume=True)
     rec = record(out)
-    assert rec["events"][0]["event"] == "record_unreadable" and rec["status"] == "complete"
-    state = load_checkpoint(out / "checkpoint.pt")
-    save_checkpoint(state, out)
-    (out / "run.json").unlink()
-    run_training(tiny(), steps=4, out=out, resume=True)
-    assert record(out)["events"][0]["event"] == "record_missing"
+    assert rec["events"][0]["event"] == "record_missing" and rec["status"] == "complete"
+    assert [s["start_step"] for s in rec["sessions"]] == [2]
