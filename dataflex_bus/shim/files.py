@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -86,6 +87,36 @@ def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         _discard(tmp)
         raise
+
+
+#: The temporary names :func:`atomic_write_bytes` uses: ``.NAME.PID.RANDOM.tmp``.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+
+
+def _writer_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (unsure counts as alive: its temporary is then kept)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Remove the temporaries of writers that died between write and rename (kill -9). Called with the
+    run directory's lock held, so no other run writes here; a writer still alive keeps its own."""
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return
+    for entry in entries:
+        found = _TEMPORARY.match(entry.name)
+        if found is not None and entry.is_file(follow_symlinks=False) and not _writer_alive(int(found["pid"])):
+            _discard(Path(entry.path))
 
 
 def _discard(path: Path) -> None:
@@ -347,6 +378,7 @@ def run_dir_lock(out: Path) -> Iterator[None]:
         with _HELD_GUARD:
             _HELD[key] = [me, 1]
         try:
+            remove_stale_temporaries(out)
             yield
         finally:
             with _HELD_GUARD:

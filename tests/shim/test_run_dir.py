@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -137,6 +138,64 @@ def test_temporary_names_are_unique_and_never_left_behind(tmp_path):
         atomic_write_bytes(target, fail)
     assert json.loads(target.read_text()) == {"a": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.json.tmp"]
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_stale_temporaries_of_dead_writers_are_removed_when_the_lock_is_taken(tmp_path):
+    """What a kill -9 between write and rename leaves behind: once stayed after the run completed."""
+    out = tmp_path / "run"
+    run_training(tiny(), steps=1, out=out)
+    dead, alive = _dead_pid(), os.getpid()
+    stale = out / f".checkpoint.pt.{dead}.0badc0de.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    live = out / f".metrics.jsonl.{alive}.12345678.tmp"      # a writer still running keeps its own
+    live.write_bytes(b"x")
+    other = out / ".notes.txt.tmp"                            # not one of ours: never touched
+    other.write_text("mine")
+    run_training(tiny(), steps=2, out=out, resume=True)
+    assert not stale.exists() and live.exists() and other.exists()
+    with run_dir_lock(out):
+        pass
+    assert live.exists()
+
+
+@pytest.mark.integration
+def test_a_checkpoint_temporary_left_by_kill_9_is_gone_after_the_resume(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "run"
+    run_training(tiny(), steps=1, out=out)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from dataflex_bus.shim.files import atomic_write_bytes
+        def write(fh):
+            fh.write(b"half")
+            fh.flush()
+            print("writing", flush=True)
+            time.sleep(600)
+        atomic_write_bytes(Path({str(out / "checkpoint.pt")!r}), write)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=faults.env())
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    (leftover,) = [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert leftover.startswith(f".checkpoint.pt.{proc.pid}.")
+    run_training(tiny(), steps=2, out=out, resume=True)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_concurrent_writers_of_one_file_do_not_collide(tmp_path):
