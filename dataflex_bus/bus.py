@@ -6,7 +6,8 @@ A host (the CPU shim or the verl trainer) builds one :class:`EventBus` per run a
 * **participants**, the methods wired by the config (a :class:`~dataflex_bus.Pipeline`): they change
   training, so any exception, ``SystemExit`` included, stops the run at once, re-raised as
   :class:`~dataflex_bus.errors.PluginRuntimeError` naming the plugin and the hook; a
-  ``KeyboardInterrupt`` stays an interrupt (:class:`PluginInterrupt`, naming where it arrived);
+  ``KeyboardInterrupt`` stays an interrupt (:class:`PluginInterrupt`, naming where it arrived; a
+  :class:`~dataflex_bus.errors.SignalInterrupt` passes through unnamed: the signal is not the plugin's);
 * **observers**, plugins that only watch (loggers, metric sinks): they run after every participant, see a
   read-only view of the decision and are isolated: an exception (or ``SystemExit``) is logged with its
   traceback the first time, then on the 2nd, 4th, 8th ... failure as one line, counted in
@@ -38,7 +39,7 @@ from torch import Tensor
 
 from .decision import Decision
 from .discovery import new_plugin_manager
-from .errors import BatchFieldError, PluginRuntimeError
+from .errors import BatchFieldError, PluginRuntimeError, SignalInterrupt
 from .hookspecs import EVENTS, PROJECT
 from .registry import debug_mode
 
@@ -171,7 +172,7 @@ def guarded_call(fn: Callable[..., T], args: tuple[Any, ...], plugin: str, hook:
     it covers is an error too."""
     try:
         result = fn(*args)
-    except (PluginRuntimeError, PluginInterrupt):
+    except (PluginRuntimeError, PluginInterrupt, SignalInterrupt):  # a signal is the run's, not the plugin's
         raise
     except KeyboardInterrupt as exc:
         raise PluginInterrupt(plugin, hook) from exc
@@ -399,7 +400,7 @@ class EventBus:
             try:
                 fn(*args)
             except KeyboardInterrupt as exc:
-                if isinstance(exc, PluginInterrupt):
+                if isinstance(exc, (PluginInterrupt, SignalInterrupt)):
                     raise
                 raise PluginInterrupt(plugin, hook) from exc
             except (Exception, SystemExit) as exc:

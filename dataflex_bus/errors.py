@@ -115,3 +115,16 @@ class BatchFieldError(DataflexError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.component, self.field, self.detail))
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A signal ending a run (SIGTERM; SIGINT where the command line turned it into one): an interrupt of the
+    run, never of the plugin whose code happened to be running when it arrived. The host sets ``step``."""
+
+    def __init__(self, signal_name: str, step: int | None = None) -> None:
+        self.signal_name = signal_name
+        self.step = step
+        super().__init__(signal_name)
+
+    def __reduce__(self):
+        return (type(self), (self.signal_name, self.step))

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 from ..config import load_config
-from ..errors import ConfigError, ConfigIssue, PluginRuntimeError
+from ..errors import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt
 from . import report
 from .config import prepare
 from .files import CHECKPOINT, PLOT, claimed_run_dir
@@ -35,26 +35,24 @@ def _plot(metrics: list[dict[str, float]], resolved: dict[str, Any], path: Path,
 
 
 # ---------------------------------------------------------------------------- run
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during ``dataflex run``: handled as an interrupt, so the run record says so."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated("terminated (SIGTERM)")
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SignalInterrupt(signal.Signals(signum).name)
 
 
 @contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While training, SIGTERM (a scheduler's stop, `kill`) ends the run like Ctrl-C: recorded as
-    interrupted, the last checkpoint intact. The library itself installs no handler (it may run in verl)."""
+def _signals_interrupt() -> Iterator[None]:
+    """While training, SIGTERM (a scheduler's stop, `kill`) and SIGINT (Ctrl-C) end the run as an interrupt:
+    recorded as interrupted at its step, the last checkpoint intact, and never blamed on the plugin whose
+    code was running when the signal arrived. The library itself installs no handler (it may run in verl)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _checkpoint_note(out: Path) -> str:
@@ -76,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     # The lock covers the plot too: a second run must not replace files while this one finishes.
-    with claimed_run_dir(out, resume=args.resume), _sigterm_interrupts():
+    with claimed_run_dir(out, resume=args.resume), _signals_interrupt():
         try:
             result = run_training(prepared, out=out, resume=args.resume, force=args.force,
                                   progress=not args.no_progress)
@@ -84,7 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"dataflex run: stopped: {_checkpoint_note(out)}", file=sys.stderr)
             raise
         except KeyboardInterrupt as exc:
-            why = f" ({exc})" if str(exc) else ""
+            if isinstance(exc, SignalInterrupt):
+                why = f" ({exc.signal_name})" + (f" at step {exc.step}" if exc.step is not None else "")
+            else:
+                why = f" ({exc})" if str(exc) else ""
             print(f"dataflex run: interrupted{why}; {_checkpoint_note(out)}", file=sys.stderr)
             return 130
         s = result.summary

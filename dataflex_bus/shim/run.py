@@ -22,7 +22,7 @@ from typing import IO, Any
 import torch
 
 from .. import __version__
-from ..errors import ConfigError, ConfigIssue
+from ..errors import ConfigError, ConfigIssue, SignalInterrupt
 from ..runtime import Runtime
 from .config import RunConfig, prepare
 from .files import (
@@ -258,6 +258,8 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
             if show is not None:
                 show.update(trainer.step, m)
     except KeyboardInterrupt as exc:
+        if isinstance(exc, SignalInterrupt):
+            exc.step = trainer.step
         record["status"] = "interrupted"
         record["error"] = f"interrupted at step {trainer.step}" + (f": {exc}" if str(exc) else "")
         raise

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from dataflex_bus.errors import BatchFieldError, ConfigError, ConfigIssue, PluginRuntimeError
+from dataflex_bus.errors import BatchFieldError, ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt
 
 
 @pytest.mark.parametrize("error", [
@@ -12,6 +12,7 @@ from dataflex_bus.errors import BatchFieldError, ConfigError, ConfigIssue, Plugi
                  ConfigIssue("dataflex.typo", "unknown key")]),
     BatchFieldError("scorer 'token_prob'", "old_log_probs", "non-finite values (NaN/inf) in rows [3]"),
     PluginRuntimeError("dataflex-bus:threshold_band", "on_rollout", ValueError("boom")),
+    SignalInterrupt("SIGTERM", step=3),
 ])
 def test_round_trip(error):
     back = pickle.loads(pickle.dumps(error))
@@ -21,6 +22,8 @@ def test_round_trip(error):
         assert back.issues[0].allowed == [0, 1]
     if isinstance(error, PluginRuntimeError):
         assert (back.plugin, back.hook) == ("dataflex-bus:threshold_band", "on_rollout")
+    if isinstance(error, SignalInterrupt):
+        assert (back.signal_name, back.step) == ("SIGTERM", 3)
 
 
 class NeedsTwoArgs(Exception):

@@ -204,6 +204,35 @@ def test_a_score_requiring_grad_trains_and_is_named(tmp_path, capsys, register):
     assert "scorer 't_grad_score' returned a score that requires grad; detached" in err
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_arriving_while_a_plugin_runs_is_not_the_plugins_interrupt(tmp_path, capsys, register, signum):
+    """Once reported as "interrupted in plugin 'dataflex-bus:dump_ucb'": the plugin did nothing wrong."""
+    import time
+
+    from dataflex_bus import Scorer
+
+    class Busy(Scorer):
+        requires = ("rm_scores", "response_mask")
+
+        def score(self, batch, step_id, **ctx):
+            if step_id == 1:
+                os.kill(os.getpid(), signum)  # a scheduler's stop, or Ctrl-C, while this code runs
+                time.sleep(5)
+            return batch.rewards
+
+    register("scorer", "t_busy", Busy)
+    block = {"mechanism": "select", "scorer": {"name": "t_busy"}, "actuator": {"name": "topk_fraction"}}
+    out = tmp_path / "o"
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    rc, _, err = run(capsys, write(tmp_path / "b.yaml", tiny(block)), "--out", str(out))
+    name = signal.Signals(signum).name
+    (line,) = [line for line in err.splitlines() if line.startswith("dataflex run: interrupted")]
+    assert rc == 130 and line.startswith(f"dataflex run: interrupted ({name}) at step 1; the last checkpoint")
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "interrupted" and record["error"] == f"interrupted at step 1: {name}"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
+
+
 # ---------------------------------------------------------------------------- the real executable
 def dataflex(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dataflex_bus.cli", *args], stdout=subprocess.PIPE,
@@ -225,7 +254,7 @@ def test_two_processes_on_one_out_then_sigterm_then_resume(tmp_path):
     finally:
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=300)
-    assert first.returncode == 130 and "interrupted (terminated (SIGTERM))" in err and "Traceback" not in err
+    assert first.returncode == 130 and "interrupted (SIGTERM) at step " in err and "Traceback" not in err
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "interrupted" and record["seed"] == 0
     assert [s["pid"] for s in record["sessions"]] == [first.pid]
