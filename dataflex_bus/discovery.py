@@ -14,7 +14,10 @@ Environment:
   imported.
 * ``DATAFLEX_STRICT_PLUGINS``: ``1`` re-raises the first load failure.
 * ``DATAFLEX_DEBUG``: ``1`` writes ``dataflex: loading plugin X (dist==version)`` to stderr before each
-  import (and prints the traceback of a failure), so a plugin that ends the process is still named.
+  import (and prints the traceback of a failure), so a plugin that kills the process is still named.
+
+A plugin calling ``sys.exit`` or ``os._exit`` while it is imported or registers its components is a load
+failure like any other (the listing goes on and names it).
 
 A list entry naming no installed plugin or distribution is warned about with a did-you-mean.
 :mod:`dataflex_bus.plugin_check` imports every plugin and component target in a child process, so a
@@ -27,10 +30,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata  # group selection and EntryPoint.dist: stdlib since 3.10
-from typing import Any
+from typing import Any, NoReturn
 
 import pluggy
 
@@ -194,6 +200,27 @@ def plugin_key(distribution: str | None, name: str) -> str:
     return f"{normalize_name(distribution or '')}:{name}"
 
 
+@contextmanager
+def _exit_is_an_error(what: str) -> Iterator[None]:
+    """While a plugin is imported and registered, ``os._exit`` called by it (this thread, this process)
+    raises ``SystemExit`` instead, so it is recorded against the plugin as a ``sys.exit`` is, rather than
+    ending the host without a word. Other threads and forked children get the real ``os._exit``; what no
+    Python code can report (a crash, a signal) is named by ``plugins --check`` and debug mode."""
+    real = os._exit
+    pid, thread = os.getpid(), threading.get_ident()
+
+    def refused(status: int) -> NoReturn:
+        if os.getpid() != pid or threading.get_ident() != thread:
+            real(status)
+        raise SystemExit(f"os._exit({status}) called while {what}")
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
     dist_name, version = _dist_of(ep)
     record = PluginRecord(ep.name, dist_name, version, ACTIVE)
@@ -203,7 +230,8 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
         sys.stderr.write(f"dataflex: loading plugin {ep.name!r} ({record.pin})\n")
         sys.stderr.flush()
     try:
-        module = ep.load()
+        with _exit_is_an_error("the plugin was imported"):
+            module = ep.load()
         if pm.is_registered(module):
             raise PluginLoadError(f"module {getattr(module, '__name__', module)!r} is already registered "
                                   f"under another entry point")
@@ -218,8 +246,9 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
         # to this plugin so the components it registers are attributed to it.
         others = [p for p in pm.get_plugins() if p is not module]
         try:
-            pm.subset_hook_caller("dataflex_register", remove_plugins=others)(register=register)
-        except Exception:
+            with _exit_is_an_error("the plugin registered its components"):
+                pm.subset_hook_caller("dataflex_register", remove_plugins=others)(register=register)
+        except (Exception, SystemExit):
             pm.unregister(module)
             raise
         record.components = register.specs

@@ -43,7 +43,8 @@ def registration(*calls: str, decorate: bool = True) -> str:
            f"def dataflex_register(register):\n{body}\n"
 
 
-MODULES = ("hostgood_pack", "hostbad_pack", "hostexit_pack", "hostnohook_pack", "hostattr_pack", "hostcexit_pack")
+MODULES = ("hostgood_pack", "hostbad_pack", "hostexit_pack", "hostnohook_pack", "hostattr_pack", "hostcexit_pack",
+           "hostkill_pack")
 
 
 @pytest.fixture
@@ -73,6 +74,9 @@ class Lunch(Scorer):
 """,
         "hostattr_pack.plugin": registration('"scorer", "lunch", "hostattr_pack.components:Lunch"'),
     }, {"hostattr": "hostattr_pack.plugin"})
+    make_dist(tmp_path, "dataflex-hostkill", "0.7.0", {
+        "hostkill_pack.plugin": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    }, {"hostkill": "hostkill_pack.plugin"})
     make_dist(tmp_path, "dataflex-hostcexit", "0.6.0", {
         "hostcexit_pack.components": "import os\nos._exit(9)\n",
         "hostcexit_pack.plugin": registration('"scorer", "exits", "hostcexit_pack.components:Gone"'),
@@ -196,26 +200,44 @@ def test_check_keeps_the_listing_process_torch_free(site):
     assert "check ok" in proc.stdout
 
 
-def test_a_pack_calling_os_exit_is_named_by_check_and_the_rest_is_checked(site):
+def test_a_pack_ending_the_process_is_named_by_check_and_the_rest_is_checked(site):
     proc = cli(site, "plugins", "--check", "--json", DATAFLEX_LOAD_PLUGINS="hostgood,hostexit,hostcexit,hostbad")
     assert proc.returncode == 1, proc.stderr
     report = {r["name"]: r for r in json.loads(proc.stdout)}
-    assert report["hostexit"]["status"] == FAILED
-    assert "process ended while this plugin was imported" in report["hostexit"]["error"]
-    assert "exit status 7" in report["hostexit"]["error"]
+    assert report["hostexit"]["status"] == FAILED and "os._exit(7)" in report["hostexit"]["error"]
     (exits,) = report["hostcexit"]["components"]
     assert "'hostcexit_pack.components:Gone'" in exits["check"] and "exit status 9" in exits["check"]
     assert [c["check"] for c in report["hostgood"]["components"]] == ["ok", "ok"]      # checked after it
     assert "ModuleNotFoundError" in report["hostbad"]["components"][0]["check"]
 
 
+@pytest.mark.integration
+def test_a_pack_killing_the_process_at_import_is_named_by_check(site):
+    proc = cli(site, "plugins", "--check", "--json", DATAFLEX_LOAD_PLUGINS="hostgood,hostkill")
+    assert proc.returncode == 1, proc.stderr
+    report = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert report["hostkill"]["status"] == FAILED
+    assert "process ended while this plugin was imported" in report["hostkill"]["error"]
+    assert "killed by signal 9" in report["hostkill"]["error"]
+    assert [c["check"] for c in report["hostgood"]["components"]] == ["ok", "ok"]
+
+
+def test_a_pack_calling_os_exit_at_import_is_a_named_failure_of_a_plain_listing(site):
+    """`dataflex plugins` once ended with exit status 7 and no word: only --check and debug mode named it."""
+    proc = cli(site, "plugins", DATAFLEX_LOAD_PLUGINS="hostgood,hostexit")
+    assert proc.returncode == 0, proc.stderr
+    assert ("dataflex: plugin 'hostexit' (dataflex-hostexit 0.3.0) failed to load and is skipped: SystemExit: "
+            "os._exit(7) called while the plugin was imported") in proc.stderr
+    assert "hostexit" in proc.stdout and "len_score" in proc.stdout            # the others are still listed
+
+
 def test_debug_names_the_plugin_being_imported_when_the_process_dies(site):
-    quiet = cli(site, "plugins", DATAFLEX_LOAD_PLUGINS="hostgood,hostexit")
-    assert quiet.returncode == 7 and "hostexit" not in quiet.stderr        # what users saw before
-    loud = cli(site, "plugins", DATAFLEX_LOAD_PLUGINS="dataflex-bus,hostgood,hostexit", DATAFLEX_DEBUG="1")
-    assert loud.returncode == 7
+    quiet = cli(site, "plugins", DATAFLEX_LOAD_PLUGINS="hostgood,hostkill")
+    assert quiet.returncode == -9 and "hostkill" not in quiet.stderr        # what no Python code can report
+    loud = cli(site, "plugins", DATAFLEX_LOAD_PLUGINS="dataflex-bus,hostgood,hostkill", DATAFLEX_DEBUG="1")
+    assert loud.returncode == -9
     lines = loud.stderr.strip().splitlines()
-    assert lines[-1] == "dataflex: loading plugin 'hostexit' (dataflex-hostexit==0.3.0)"
+    assert lines[-1] == "dataflex: loading plugin 'hostkill' (dataflex-hostkill==0.7.0)"
     assert "dataflex: loading plugin 'scorers' (dataflex-bus==0.1.0)" in lines  # loaded before it
 
 
