@@ -79,7 +79,8 @@ class Method:
         given names the component's plugin and the event."""
         component = self.scorer if who == "scorer" else self.actuator
         plugin = self.provenance.get(who, component.name)
-        return guarded_call(fn, args, plugin, self.event, BatchWatch(args[0]) if args else None)
+        watch = BatchWatch.for_component(args[0], component.requires) if args else None
+        return guarded_call(fn, args, plugin, self.event, watch)
 
     def score(self, batch: Batch, step: int, metrics: dict[str, float]) -> tuple[Batch, Score, Tensor | None]:
         """The score, and the rows ``on_nonfinite=drop`` dropped (``None``: none). The batch returned has

@@ -300,6 +300,61 @@ def test_component_writing_the_batch_is_named_not_obeyed(toys, register):
     assert not torch.equal(batch["rm_scores"], before)  # it did write: the run must stop, not train on it
 
 
+class DataWriter(Scorer):
+    """Writes a field it declared it reads behind torch's version counter (``.data`` or a NumPy view)."""
+
+    requires = ("rm_scores", "response_mask")
+    how = "data"
+
+    def score(self, batch, step_id, **ctx):
+        rewards = batch.rewards.clone()
+        if self.how == "data":
+            batch["rm_scores"].data.zero_()
+        else:
+            batch["rm_scores"].numpy()[:] = 0.0
+        return Score(rewards, "response")
+
+
+@pytest.mark.parametrize("how", ["data", "numpy"])
+def test_a_write_behind_the_version_counter_is_named_always(toys, register, monkeypatch, how):
+    """A stacked method's writer zeroed the caller's rm_scores through .data, and the next method (DAPO)
+    then skipped the update, silently: the fields a component declares it reads are fingerprinted."""
+    monkeypatch.delenv("DATAFLEX_DEBUG", raising=False)
+    register("scorer", f"t_writes_{how}", type(f"Writes_{how}", (DataWriter,), {"how": how}))
+    block = {"methods": [
+        {"name": "writer", "mechanism": "select", "scorer": {"name": f"t_writes_{how}"},
+         "actuator": {"name": "toy_band", "params": {"low": 0.0, "high": 1.0}}},
+        {"name": "dapo", "mechanism": "select", "scorer": {"name": "reward_difficulty"},
+         "actuator": {"name": "dapo"}}]}
+    runtime = Runtime(block)
+    batch = toy_batch()
+    before = batch["rm_scores"].clone()
+    with pytest.raises(PluginRuntimeError) as info:
+        runtime.emit("on_advantage", batch, 0)
+    assert info.value.plugin == f"local:t_writes_{how}"
+    assert "'rm_scores': written in place behind torch's version counter" in str(info.value)
+    assert not torch.equal(batch["rm_scores"], before)  # it did write: the run must stop, not train on it
+
+
+def test_undeclared_fields_are_fingerprinted_in_debug_mode(toys, register, monkeypatch):
+    class Sneaky(Scorer):
+        requires = ("rm_scores", "response_mask")
+
+        def score(self, batch, step_id, **ctx):
+            batch["advantages"].data.mul_(2.0)   # a field it never declared
+            return Score(batch.rewards, "response")
+
+    register("scorer", "t_sneaky", Sneaky)
+    block = select_block(scorer="t_sneaky", low=0.0, high=1.0)
+    monkeypatch.delenv("DATAFLEX_DEBUG", raising=False)
+    batch = toy_batch()
+    batch.fields["advantages"] = torch.ones_like(batch["advantages"])
+    Runtime(block).emit("on_advantage", batch, 0)    # not declared: not checked (the documented cost bound)
+    monkeypatch.setenv("DATAFLEX_DEBUG", "1")
+    with pytest.raises(PluginRuntimeError, match="'advantages': written in place behind"):
+        Runtime(block).emit("on_advantage", batch, 0)
+
+
 def test_reading_components_pass_the_write_check(toys):
     """The check costs nothing to honest plugins: a selection, a reweight and a mix run as before."""
     batch = toy_batch(domains=list("aabbaabb"))
