@@ -32,8 +32,8 @@ import torch
 from dataflex_plugins.methods.select import max_variance_keep, subset_advantages
 
 from dataflex_bus.batch import Batch
-from dataflex_bus.pipeline import build_pipeline
 from dataflex_bus.mechanisms.weights import expand_weights
+from dataflex_bus.pipeline import build_pipeline
 
 
 def timeit(fn: Callable[[], object], repeats: int) -> float:

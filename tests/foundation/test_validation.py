@@ -109,7 +109,7 @@ def test_the_selection_probe_is_bounded_whatever_the_group_size(register):
     block = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "t_probe_sizes"}}
     for n in (8, 300, 10**11):
         seen.clear()
-        validate(block, context={"rollout_n": n})
+        validate(block, host=ANY_HOST.replace(group_size=n))
         g = min(n, 64)
         assert seen == [(g + 1) * g], n
 
@@ -118,7 +118,7 @@ def test_probe_warnings_say_what_the_probe_held():
     def band(low, high, n):
         block = {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
                  "actuator": {"name": "threshold_band", "params": {"low": low, "high": high}}}
-        return [str(w) for w in validate(block, context={"rollout_n": n}).warnings]
+        return [str(w) for w in validate(block, host=ANY_HOST.replace(group_size=n)).warnings]
 
     (none,) = band(0.9, 0.95, 8)            # 7/8 and 8/8 lie outside
     assert "keeps no row" in none and "0..8 of 8 rollouts right" in none
