@@ -176,11 +176,14 @@ def test_padding_rows_get_prompt_index_zero_and_are_never_looked_up():
 
     from dataflex_bus.batch import Batch
     from dataflex_bus.history import PromptTable
+    from dataflex_bus.runtime import Runtime
     from dataflex_bus.verl.trainer import DataflexTrainer
 
     # No row 0 in the first domain: a padding row looked up as ("a", 0) would be refused.
     table = PromptTable.from_labels(["a", "a", "b"], [5, 7, 0], column="extra_info.index")
-    host = SimpleNamespace(dataflex=SimpleNamespace(prompt_table=table), domain_key="data_source")
+    runtime = Runtime(None)
+    runtime.set_prompts(table)
+    host = SimpleNamespace(dataflex=runtime, domain_key="data_source")
     batch = Batch.from_tensors(uid=["g0", "g0", "g1", "pad"], rm_scores=torch.zeros(4, 2),
                                response_mask=torch.ones(4, 2, dtype=torch.long),
                                is_padding=[False, False, False, True])
