@@ -116,13 +116,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import DataflexError
 
     try:
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # here, not at exit, so a reader that stopped reading is met below
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except DataflexError as exc:
         print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C (or a plugin raising it) is no crash: no traceback
         print(f"dataflex {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe (``dataflex info X | head -1``): it has what it wanted, which is no
+    failure of ours. Python ignores SIGPIPE and raises instead; what is still buffered would raise again
+    when the interpreter flushes at exit, so stdout is pointed at /dev/null first."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

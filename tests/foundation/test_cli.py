@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,26 @@ def test_the_parsers_kind_choices_are_the_registered_component_kinds():
                 if "--kind" in a.option_strings)
     assert info.choices == [*component_kinds(), "actuator"]
     assert component_kinds() == ("scorer", "selector", "reweighter", "mixer")
+
+
+def dataflex_executable() -> str:
+    """The console script installed next to this interpreter (what a user types)."""
+    exe = Path(sys.executable).with_name("dataflex")
+    if not exe.exists():
+        pytest.skip(f"no dataflex console script next to {sys.executable}")
+    return str(exe)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("args", [["info", "dapo"], ["plugins", "--json"], ["plugins"]], ids=" ".join)
+def test_a_reader_that_stops_reading_ends_the_command_quietly(args):
+    exe = dataflex_executable()
+    # `| head -1` under pipefail: the pipeline succeeds and prints the command's first line.
+    shell = subprocess.run(["bash", "-o", "pipefail", "-c", f"{exe} {' '.join(args)} | head -1"],
+                           capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0 and shell.stderr == "" and shell.stdout.count("\n") == 1, shell
+    # The reader gone before the first byte is written: the write itself fails (no luck with timing).
+    proc = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and err == "", err
