@@ -214,6 +214,10 @@ class Registry:
 
     def resolve(self, slot: str, name: str, *, key: str | None = None) -> ComponentSpec:
         """Find the one component named ``name`` (or ``provider:name``) in ``slot``."""
+        if slot not in ("scorer", "actuator"):
+            # A kind passed for a slot would otherwise find nothing and call the name unknown.
+            under = f": {article(slot)} {slot} resolves under 'actuator'" if slot in actuator_kinds() else ""
+            raise ValueError(f"resolve(): {slot!r} is not a slot; the slots are 'scorer' and 'actuator'{under}")
         key = key or f"dataflex.{slot}.name"
         qualifier, sep, bare = name.rpartition(":")
         candidates = self.find(name, [slot])

@@ -84,7 +84,9 @@ class Param:
         if self.nonempty and isinstance(value, str) and not value:
             return value, ConfigIssue(key, f"expected a non-empty {self.describe()}")
         if self.choices is not None and value not in self.choices:
-            return value, ConfigIssue(key, f"{value!r} is not allowed", self.choices)
+            words = [c for c in self.choices if isinstance(c, str)]
+            hint = did_you_mean(value, words) if isinstance(value, str) else ""
+            return value, ConfigIssue(key, f"{value!r} is not allowed", self.choices, hint=hint)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if isinstance(value, float) and not math.isfinite(value):
                 return value, ConfigIssue(key, f"must be finite, got {value!r}")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .registry import ComponentSpec, Registry
 
 _Classes = tuple[type[Scorer], type[Actuator]]
+_TIMING_ORDER = list(TIMINGS)
 
 
 class _Built:
@@ -141,6 +142,17 @@ def _resolve(registry: Registry, slot: str, name: str, key: str,
         return None, None
 
 
+def _later_timing(cls: type[Scorer] | type[Actuator], who: str, host: HostDescription) -> str:
+    """The fix for requirements an event lacks: the earliest later timing whose event on ``host`` has them all."""
+    attr = "timing" if who == "scorer" else "min_timing"
+    timing = getattr(cls, attr)
+    later = [t for t in _TIMING_ORDER[_TIMING_ORDER.index(timing) + 1:]
+             if all(host.provides(TIMINGS[t], f) for f in cls.requires)]
+    if not later:
+        return ""
+    return f'set {attr} = "{later[0]}" in {cls.__name__} (the earliest timing that has them)'
+
+
 def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator], host: HostDescription,
                key: str) -> list[ConfigIssue]:
     """What every method must satisfy, then its mechanism's own rules."""
@@ -168,7 +180,7 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
             issues.append(ConfigIssue(
                 f"{key}.{who}.name",
                 f"{cls.kind} {getattr(method, who).name!r} requires {missing}, not available at {at} on host "
-                f"{host.name!r} ({where}){reasons}", sorted(host.fields[at])))
+                f"{host.name!r} ({where}){reasons}", sorted(host.fields[at]), hint=_later_timing(cls, who, host)))
     estimator = host.adv_estimator
     for who, cls, _ in needs:
         if not cls.needs_groups:

@@ -63,6 +63,23 @@ def test_bool_is_not_a_number_and_nan_is_refused(toys):
 def test_requires_must_be_available_at_the_scorers_event(toys):
     found = issues(block(scorer="toy_needs_adv"))
     assert "requires ['advantages'], not available at on_rollout" in found["dataflex.scorer.name"]
+    # ... and says how to fix it: the earliest timing whose event has the field
+    assert found["dataflex.scorer.name"].endswith('; set timing = "post_advantage" in ToyNeedsAdvantage (the earliest '
+                                                  'timing that has them)')
+
+
+def test_a_misspelt_choice_gets_a_did_you_mean(toys):
+    found = issues(block(mechanism="reweigh"))
+    assert found["dataflex.mechanism"] == ("dataflex.mechanism: 'reweigh' is not allowed (allowed: select, reweight, "
+                                           "mix); did you mean 'reweight'?")
+
+
+def test_resolve_names_the_slots_when_given_a_kind(toys):
+    from dataflex_bus.discovery import get_plugins
+
+    with pytest.raises(ValueError, match="'reweighter' is not a slot; the slots are 'scorer' and 'actuator': a "
+                                         "reweighter resolves under 'actuator'"):
+        get_plugins().registry().resolve("reweighter", "softmax")
 
 
 def test_token_scorer_cannot_feed_a_row_selector(toys):

@@ -100,6 +100,7 @@ def test_pre_rollout_scorer_needs_a_selector_that_can_act_before_generation():
 def test_scorer_that_needs_rollouts_cannot_run_pre_rollout(prompt_toys):
     found = issues({"mechanism": "select", "scorer": {"name": "t_hungry"}, "actuator": {"name": "topk_fraction"}})
     assert "requires ['rm_scores', 'response_mask'], not available at on_prompts" in found["dataflex.scorer.name"]
+    assert 'set timing = "post_reward"' in found["dataflex.scorer.name"]
     found = issues({"mechanism": "select", "scorer": {"name": "t_groupy"}, "actuator": {"name": "topk_fraction"}})
     assert "needs groups of rollouts" in found["dataflex.scorer.name"]
 
