@@ -123,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reader_gone()
     except DataflexError as exc:
         print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # what the error means for the command's files
+            print(f"dataflex {args.command}: {note}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C (or a plugin raising it) is no crash: no traceback
         print(f"dataflex {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ConfigIssue
+from .errors import ConfigError, ConfigFileError, ConfigIssue
 
 __all__ = ["apply_overrides", "load_config", "load_yaml", "parse_override_value"]
 
@@ -64,22 +64,24 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigFileError(ConfigIssue(str(p), "no such config file")) from None
     except OSError as exc:
-        raise ConfigError(ConfigIssue(str(p), f"cannot read config file: {exc.strerror or exc}")) from exc
+        raise ConfigFileError(ConfigIssue(str(p), f"cannot read config file: {exc.strerror or exc}")) from exc
     try:
         text = raw.decode("utf-8-sig")  # a UTF-8 byte-order mark (some Windows editors) is accepted
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(ConfigIssue(str(p), f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}, offset "
+        raise ConfigFileError(ConfigIssue(str(p), f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}, offset "
                                       f"{exc.start}): save the config file as UTF-8")) from None
     try:
         data = _parse_yaml(text, str(p))
     except yaml.YAMLError as exc:
-        raise ConfigError(ConfigIssue(str(p), f"not valid YAML: {_yaml_problem(exc)}")) from None
+        raise ConfigFileError(ConfigIssue(str(p), f"not valid YAML: {_yaml_problem(exc)}")) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(ConfigIssue(str(p), f"expected a mapping at the top level, got {type(data).__name__}"))
+        raise ConfigFileError(ConfigIssue(str(p), f"expected a mapping at the top level, got {type(data).__name__}"))
     return data
 
 

@@ -9,6 +9,11 @@ class DataflexError(Exception):
     """Base class of every error raised by dataflex-bus."""
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """Attach a line the command line prints after the error (PEP 678 notes; also before Python 3.11)."""
+    exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
 class ConfigIssue:
     """One problem found in a config: the dotted key, what is wrong, what would be allowed, and a hint
     (a did-you-mean) shown last."""
@@ -43,6 +48,15 @@ class ConfigError(DataflexError, ValueError):
 
     def __reduce__(self):  # keep type and issues across pickling (Ray hands errors back to the driver)
         return (type(self), (self.issues,))
+
+
+class ConfigFileError(ConfigError):
+    """A config file that cannot be read as one: missing, unreadable, not UTF-8, not YAML, not a mapping.
+    Its one issue is the message: the file is the problem, not the config it would hold."""
+
+    def __init__(self, issues: ConfigIssue | Iterable[ConfigIssue]) -> None:
+        super().__init__(issues)
+        self.args = ("; ".join(str(issue) for issue in self.issues),)
 
 
 class PluginLoadError(DataflexError, RuntimeError):

@@ -18,10 +18,10 @@ from types import FrameType
 from typing import Any
 
 from ..config import load_config
-from ..errors import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt
+from ..errors import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt, add_note
 from . import report
 from .config import prepare
-from .files import CHECKPOINT, PLOT, claimed_run_dir
+from .files import CHECKPOINT, PLOT, checkpoint_step, claimed_run_dir
 from .run import run_training
 
 
@@ -56,9 +56,9 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 def _checkpoint_note(out: Path) -> str:
-    ckpt = out / CHECKPOINT
-    if ckpt.exists():
-        return f"the last checkpoint ({ckpt}) is intact; --resume continues from it"
+    step = checkpoint_step(out)
+    if step is not None:
+        return f"the last checkpoint ({out / CHECKPOINT}, step {step}) is intact; --resume continues from it"
     return "no checkpoint was written yet"
 
 
@@ -78,8 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             result = run_training(prepared, out=out, resume=args.resume, force=args.force,
                                   progress=not args.no_progress)
-        except PluginRuntimeError:
-            print(f"dataflex run: stopped: {_checkpoint_note(out)}", file=sys.stderr)
+        except PluginRuntimeError as exc:
+            add_note(exc, f"stopped: {_checkpoint_note(out)}")  # printed after the error it explains
             raise
         except KeyboardInterrupt as exc:
             if isinstance(exc, SignalInterrupt):

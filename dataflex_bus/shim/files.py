@@ -198,6 +198,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
+def checkpoint_step(out: Path) -> int | None:
+    """The step the checkpoint in ``out`` holds, or ``None`` when there is none (or it cannot be read):
+    what a message about an interrupted run tells its reader."""
+    if not (out / CHECKPOINT).exists():
+        return None
+    try:
+        step = load_checkpoint(out / CHECKPOINT).get("step")
+    except DataflexError:
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 # ---------------------------------------------------------------------------- metrics
 def metrics_line(metrics: dict[str, float]) -> str:
     return json.dumps(metrics, sort_keys=True) + "\n"

@@ -28,6 +28,12 @@ def test_validate_ok_and_overrides(toys, tmp_path, capsys):
     assert "did you mean 'toy_reward'" in capsys.readouterr().err
 
 
+def test_a_missing_config_file_is_named_as_such(tmp_path, capsys):
+    for command in ("validate", "run"):
+        assert main([command, str(tmp_path / "nope.yaml")]) == 2
+        assert capsys.readouterr().err == f"dataflex {command}: error: {tmp_path / 'nope.yaml'}: no such config file\n"
+
+
 def test_validate_uses_host_context(toys, tmp_path, capsys):
     cfg = write(tmp_path, "algorithm: {adv_estimator: gae}\ndataflex:\n  mechanism: select\n"
                           "  scorer: {name: toy_group_rate}\n  actuator: {name: toy_band}\n")

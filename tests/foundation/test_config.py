@@ -58,8 +58,13 @@ def test_bad_yaml_and_missing_file(tmp_path):
     bad.write_text("dataflex: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_yaml(bad)
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError) as err:
         load_yaml(tmp_path / "missing.yaml")
+    # the file is the problem, not a config it would hold
+    assert str(err.value) == f"{tmp_path / 'missing.yaml'}: no such config file"
+    assert "invalid dataflex config" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"cannot read config file: Is a directory"):
+        load_yaml(tmp_path)
     top = tmp_path / "list.yaml"
     top.write_text("- 1\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):

@@ -69,9 +69,13 @@ def test_run_bad_config_fails_before_touching_the_old_run(tmp_path, capsys):
 def test_run_plugin_failure_is_named(tmp_path, capsys, shim_components):
     cfg = write(tmp_path / "bad.yaml", tiny({"mechanism": "select", "scorer": {"name": "t_reward"},
                                              "actuator": {"name": "t_fail_at", "params": {"at": 1}}}))
-    assert main(["run", str(cfg), "--steps", "3", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "plugin 'local:t_fail_at' failed" in err and "checkpoint" in err
+    out = tmp_path / "o"
+    assert main(["run", str(cfg), "--steps", "3", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    # the error first, then what it means for the run directory
+    assert err[-2].startswith("dataflex run: error: plugin 'local:t_fail_at' failed")
+    assert err[-1] == (f"dataflex run: stopped: the last checkpoint ({out / 'checkpoint.pt'}, step 1) is intact; "
+                       "--resume continues from it")
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)

@@ -181,6 +181,7 @@ def test_plugin_exit_and_interrupt(tmp_path, capsys, register):
     assert "last checkpoint" in err
     rc, _, err = run(capsys, config, "--out", str(tmp_path / "c"), "dataflex.actuator.name=t_ctrl_c")
     assert rc == 130 and "interrupted (interrupted in plugin 'local:t_ctrl_c'" in err
+    assert f"the last checkpoint ({tmp_path / 'c' / 'checkpoint.pt'}, step 1) is intact" in err
     assert json.loads((tmp_path / "c" / "run.json").read_text())["status"] == "interrupted"
 
 
