@@ -122,6 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _reader_gone()
     except DataflexError as exc:
+        if _debug():
+            # The plugin's own frames (file and line), the cause chain first; the one-line error stays last.
+            import traceback
+
+            traceback.print_exception(exc)
         print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
         for note in getattr(exc, "__notes__", ()):  # what the error means for the command's files
             print(f"dataflex {args.command}: {note}", file=sys.stderr)
@@ -129,6 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C (or a plugin raising it) is no crash: no traceback
         print(f"dataflex {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
         return 130
+
+
+def _debug() -> bool:
+    from .registry import debug_mode
+
+    return debug_mode()
 
 
 def _reader_gone() -> int:

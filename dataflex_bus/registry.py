@@ -90,6 +90,10 @@ class ComponentSpec:
                 for part in attr.split("."):
                     obj = getattr(obj, part)
             except Exception as exc:
+                if debug_mode():  # the module's own file and line; validation keeps only the message
+                    import traceback
+
+                    traceback.print_exception(exc)
                 raise PluginLoadError(
                     f"plugin {self.plugin!r} ({self.provider}): cannot import {self.kind} {self.name!r} "
                     f"from {target!r}: {type(exc).__name__}: {exc}"

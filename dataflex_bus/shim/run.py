@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,6 +267,8 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
     except BaseException as exc:
         record["status"] = "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
+        # Where it happened (a plugin's file and line), for whoever reads the record after the terminal is gone.
+        record["traceback"] = "".join(traceback.format_exception(exc))
         raise
     else:
         record["status"] = "complete"
@@ -278,8 +281,9 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
                 pass  # the failed write was already reported
         if show is not None:
             show.close()
-        if record.get("error"):
-            session["error"] = record["error"]
+        for key in ("error", "traceback"):  # the session keeps them after a resumed run completes
+            if record.get(key):
+                session[key] = record[key]
         _close_session(session, record, trainer, history, runtime, started, record["status"])
         _final_write(writer, record)
     return RunResult(metrics=history, record=record, out=out_dir, summary=record["summary"])

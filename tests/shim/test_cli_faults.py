@@ -309,3 +309,75 @@ def test_sigterm_handler_is_restored(cfg, tmp_path, capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert run(capsys, cfg, "--out", str(tmp_path / "o"), "--steps", "1")[0] == 0
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+RAISER = {
+    "raiser_pack.plugin": """
+from dataflex_bus import hookimpl
+
+@hookimpl
+def dataflex_register(register):
+    register("scorer", "raises_at_1", "raiser_pack.comps:RaisesAt1")
+    register("scorer", "cannot_import", "raiser_pack.broken:Never")
+""",
+    "raiser_pack.comps": """
+from dataflex_bus import Score, Scorer
+
+class RaisesAt1(Scorer):
+    requires = ("rm_scores", "response_mask")
+
+    def score(self, batch, step, **ctx):
+        if step == 1:
+            raise ValueError("scorer bug at step 1")  # RAISES HERE
+        return Score(batch.rewards, "response")
+""",
+    "raiser_pack.broken": """
+import math
+import raiser_pack_missing_dependency  # IMPORT FAILS HERE
+""",
+}
+
+
+def _line_of(source: str, marker: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), start=1) if marker in line)
+
+
+@pytest.mark.integration
+def test_debug_mode_prints_the_plugins_file_and_line_and_the_record_keeps_them(tmp_path):
+    from foundation.fakedist import make_dist
+
+    site = make_dist(tmp_path / "site", "dataflex-raiser", "0.1.0", RAISER, {"raiser": "raiser_pack.plugin"})
+    env = faults.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    exe = str(Path(sys.executable).with_name("dataflex"))
+    comps = site / "raiser_pack" / "comps.py"
+    where = f'File "{comps}", line {_line_of(comps.read_text(), "RAISES HERE")}, in score'
+    block = {"mechanism": "select", "scorer": {"name": "raises_at_1"}, "actuator": {"name": "topk_fraction"}}
+    config = write(tmp_path / "r.yaml", tiny(block))
+
+    def run(out: str, debug: bool, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([exe, "run", config, "--out", str(tmp_path / out), "--no-progress", *extra],
+                              env={**env, "DATAFLEX_DEBUG": "1" if debug else "0"}, capture_output=True, text=True,
+                              timeout=300)
+
+    quiet = run("quiet", False)
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+    assert "plugin 'dataflex-raiser:raises_at_1' failed in hook 'on_advantage': ValueError: scorer bug" in quiet.stderr
+    # run.json keeps where it happened, debug mode or not
+    record = json.loads((tmp_path / "quiet" / "run.json").read_text())
+    assert record["status"] == "failed" and where in record["traceback"]
+    assert where in record["sessions"][-1]["traceback"]
+
+    loud = run("loud", True)
+    assert loud.returncode == 2 and "Traceback (most recent call last)" in loud.stderr
+    assert where in loud.stderr and 'raise ValueError("scorer bug at step 1")' in loud.stderr
+    errors = [line for line in loud.stderr.splitlines() if line.startswith("dataflex run:")]
+    assert errors[0].startswith("dataflex run: error: plugin 'dataflex-raiser:raises_at_1' failed")  # still last
+
+    # an import error inside a component module: the module's file and line, under debug only
+    broken = site / "raiser_pack" / "broken.py"
+    imported = run("imp", True, "dataflex.scorer.name=cannot_import")
+    assert imported.returncode == 2
+    assert f'File "{broken}", line {_line_of(broken.read_text(), "IMPORT FAILS HERE")}' in imported.stderr
+    assert "ModuleNotFoundError: No module named 'raiser_pack_missing_dependency'" in imported.stderr
+    assert "Traceback" not in run("imp2", False, "dataflex.scorer.name=cannot_import").stderr
