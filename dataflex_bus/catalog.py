@@ -116,7 +116,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         found = sorted({s.kind for s in registry.find(args.name)}) if kind is not None else []
         if found:
             other = f" (there is {article(found[0])} {' and '.join(found)} of that name: drop --kind)"
-        disabled = next((h for slot in slots if (h := registry.disabled_hint(slot, bare))), "")
+        disabled = next((h for slot in slots if (h := registry.unknown_hint(slot, bare))), "")
         raise UnknownComponentError(
             f"unknown {what} {bare!r}{hint}{other} (installed: {', '.join(known) or 'none'}){disabled}")
     entries = [component_info(spec, registry) for spec in specs]

@@ -42,6 +42,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginLoadError
+from .missing import ENTRY_POINT_FIX, installed_without_entry_point, unknown_hint
 from .registry import (
     ComponentSpec,
     DisabledPlugin,
@@ -79,6 +80,8 @@ class PluginRecord:
     #: The environment variable that disabled the plugin, and why (``None`` unless disabled).
     disabled_by: str | None = None
     disabled_reason: str | None = None
+    #: What a failed plugin registered before it failed (never in the registry; named in unknown-name errors).
+    declared: list[ComponentSpec] = field(default_factory=list, repr=False)
 
     @property
     def pin(self) -> str:
@@ -150,7 +153,7 @@ class PluginSet:
                                    self._probes.get(r.name) if _is_first_party(r.distribution) else None,
                                    r.disabled_by or ENV_LOAD)
                     for r in self.records if r.status == DISABLED]
-        return Registry([*specs, *local_specs()], disabled)
+        return Registry([*specs, *local_specs()], disabled, functools.partial(unknown_hint, self.failed))
 
     def pins(self) -> list[str]:
         return sorted({r.pin for r in self.active})
@@ -225,6 +228,7 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
     dist_name, version = _dist_of(ep)
     record = PluginRecord(ep.name, dist_name, version, ACTIVE)
     key = plugin_key(dist_name, ep.name)
+    register: Register | None = None
     if debug_mode():
         # Flushed before the import: if the plugin ends the process (os._exit), this is the last line.
         sys.stderr.write(f"dataflex: loading plugin {ep.name!r} ({record.pin})\n")
@@ -258,6 +262,7 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
         record.status = FAILED
         record.error = f"{type(exc).__name__}: {exc}"
         record.components = []
+        record.declared = list(register.specs) if register is not None else []
         if strict:
             raise PluginLoadError(
                 f"plugin {ep.name!r} from {dist_name or '?'} {version or ''} failed to load: {record.error}"
@@ -286,6 +291,11 @@ def _env_entry_warnings(var: str, wanted: set[str] | None, known: set[str]) -> l
         return []
     out = []
     for name in sorted(wanted - known):
+        silent = installed_without_entry_point(name)
+        if silent is not None:
+            out.append(f"{var} entry {name!r} names {silent}, which is installed but declares no 'dataflex' entry "
+                       f"point, so it provides no plugin: {ENTRY_POINT_FIX}")
+            continue
         hint = did_you_mean(name, sorted(known), n=3)
         hint = f"; {hint}" if hint else ""
         out.append(f"{var} entry {name!r} names no installed plugin or distribution{hint} "

@@ -197,9 +197,13 @@ class DisabledPlugin:
 class Registry:
     """All known components, by config slot (plus the plugins an environment variable disabled)."""
 
-    def __init__(self, specs: Iterable[ComponentSpec], disabled: Sequence[DisabledPlugin] = ()) -> None:
+    def __init__(self, specs: Iterable[ComponentSpec], disabled: Sequence[DisabledPlugin] = (),
+                 explain: Callable[[str, str], str] | None = None) -> None:
         self.specs = list(specs)
         self.disabled = list(disabled)
+        #: ``(slot, name) -> "; ..."``: what else may hide an unknown name (failed plugins, packs without an
+        #: entry point); see :mod:`dataflex_bus.missing`.
+        self.explain = explain
 
     def names(self, slot: str, kinds: Iterable[str] | None = None) -> list[str]:
         wanted = set(kinds) if kinds is not None else None
@@ -235,7 +239,7 @@ class Registry:
             hint = f"; {hint}" if hint else ""
             raise UnknownComponentError(
                 f"{key}: unknown {slot} {bare!r}{where}{hint} (installed: {', '.join(known) or 'none'})"
-                f"{self.disabled_hint(slot, bare)}"
+                f"{self.unknown_hint(slot, bare)}"
             )
         if len(candidates) > 1:
             providers = ", ".join(f"{s.qualified_name} (plugin {s.plugin!r})" for s in candidates)
@@ -256,6 +260,16 @@ class Registry:
         other_key = key[: -len(suffix)] + f"{other}.name" if key.endswith(suffix) else f"{other}.name"
         return (f"that is {article(kinds[0])} {' and '.join(kinds)}, which goes under {other_key}; "
                 f"{slot}s installed: {', '.join(self.names(slot)) or 'none'}")
+
+    def unknown_hint(self, slot: str, bare: str) -> str:
+        """Every known reason why ``bare`` may be unknown in ``slot`` (``; ...`` sentences, or empty)."""
+        hint = self.disabled_hint(slot, bare)
+        if self.explain is not None:
+            try:
+                hint += self.explain(slot, bare)
+            except Exception:  # explaining an error must never raise another one
+                pass
+        return hint
 
     def disabled_hint(self, slot: str, bare: str) -> str:
         """Why a name may be unknown: plugins that DATAFLEX_LOAD_PLUGINS / DATAFLEX_DISABLE_PLUGINS kept out."""

@@ -34,7 +34,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PACKS = {"dataflex-gfpo": ("gfpo", "gfpo", "selector"),
          "dataflex-tscl": ("tscl", "tscl", "mixer"),
          "dataflex-length": ("length", "response_length", "scorer")}
-FIXTURE_PACKS = ("dataflex-broken", "dataflex-marker", "dataflex-collide-a", "dataflex-collide-b")
+FIXTURE_PACKS = ("dataflex-broken", "dataflex-marker", "dataflex-collide-a", "dataflex-collide-b", "dataflex-noep",
+                 "dataflex-halfbroken")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", "*.pyc")
 _HIDDEN_PREFIXES = ("dataflex", "__editable__", "pip", "_distutils_hack", "distutils-precedence")
 
@@ -307,6 +308,43 @@ def test_a_broken_pack_fails_alone_and_check_exits_1(packenv):
         assert strict.returncode != 0 and "broken" in strict.stderr
         assert packenv.dataflex("plugins", "--check",
                                 env={"DATAFLEX_DISABLE_PLUGINS": "dataflex-broken"}).returncode == 0
+
+
+def _scorer_config(packenv: PackEnv, name: str) -> Path:
+    return _write(packenv.root / f"uses-{name}.yaml", f"""\
+        dataflex:
+          mechanism: select
+          scorer: {{name: {name}}}
+          actuator: {{name: gfpo, params: {{k: 2}}}}
+    """)
+
+
+def test_unknown_names_point_at_a_pack_without_entry_point_and_at_failed_plugins(packenv):
+    with packenv.installed("dataflex-noep"):
+        proc = packenv.dataflex("validate", _scorer_config(packenv, "noep_scorer"))
+        assert proc.returncode == 2
+        assert "unknown scorer 'noep_scorer'" in proc.stderr
+        assert ("installed but invisible, declaring no 'dataflex' entry point: dataflex-noep 0.1.0 (declare "
+                "[project.entry-points.dataflex] in its pyproject.toml and reinstall it)") in proc.stderr, proc.stderr
+        info = packenv.dataflex("info", "noep_scorer")
+        assert info.returncode == 2 and "dataflex-noep 0.1.0" in info.stderr
+        # the allowlist names an installed distribution: not "no installed distribution"
+        listed = packenv.dataflex("plugins", env={"DATAFLEX_LOAD_PLUGINS": "dataflex-gfpo,dataflex-noep"})
+        assert ("DATAFLEX_LOAD_PLUGINS entry 'dataflex-noep' names dataflex-noep 0.1.0, which is installed but "
+                "declares no 'dataflex' entry point, so it provides no plugin") in listed.stderr, listed.stderr
+        assert "names no installed" not in listed.stderr
+
+    with packenv.installed("dataflex-halfbroken", "dataflex-broken"):
+        proc = packenv.dataflex("validate", _scorer_config(packenv, "half_score"))
+        assert proc.returncode == 2
+        assert ("scorer 'half_score' is declared by plugin 'halfbroken' (dataflex-halfbroken==0.1.0), which failed "
+                "to load: RuntimeError: dataflex-halfbroken fails after registering half_score") in proc.stderr
+        # a plugin that failed before declaring anything may be the provider: named with its error
+        assert ("plugins that failed to load (what they provide is unknown): plugin 'broken' "
+                "(dataflex-broken==0.0.1): ImportError: dataflex-broken is broken on purpose") in proc.stderr
+        other = packenv.dataflex("validate", _scorer_config(packenv, "nowhere_score"))
+        assert "plugin 'broken' (dataflex-broken==0.0.1): ImportError" in other.stderr
+        assert "plugin 'halfbroken' (dataflex-halfbroken==0.1.0): RuntimeError" in other.stderr
 
 
 def test_a_name_collision_names_both_packs_and_qualified_names_resolve_it(packenv):
