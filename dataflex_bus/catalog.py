@@ -16,10 +16,54 @@ from .mechanisms import component_kinds, for_kind, mechanisms
 
 
 def plugins_report() -> list[dict[str, Any]]:
-    """The ``dataflex plugins --json`` document: sorted by name, then distribution."""
+    """The ``dataflex plugins --json`` document: sorted by name, then distribution; a name two active
+    plugins provide in one slot is a warning of each (:func:`flag_collisions`)."""
     from .discovery import get_plugins
 
-    return _sorted_report([r.as_json() for r in get_plugins().records])
+    report = _sorted_report([r.as_json() for r in get_plugins().records])
+    flag_collisions(report)
+    return report
+
+
+def checked_report(timeout: float = 300.0) -> list[dict[str, Any]]:
+    """``plugins_report`` with every component imported in a child process (``plugins --check``, doctor)."""
+    from .plugin_check import check_plugins
+
+    report = _sorted_report(check_plugins(timeout=timeout))
+    flag_collisions(report)
+    return report
+
+
+def _provider(record: dict[str, Any], name: str) -> str:
+    from .registry import normalize_name
+
+    return f"{normalize_name(record['distribution'] or record['name'])}:{name} (plugin {record['name']!r})"
+
+
+def flag_collisions(report: list[dict[str, Any]]) -> list[str]:
+    """Add a warning to each active plugin that shares a component name with another in one config slot
+    (a config naming it bare is refused); returns one problem line per shared name."""
+    from .registry import SLOT
+
+    providers: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in report:
+        if record["status"] == "active":
+            for c in record["components"]:
+                providers.setdefault((SLOT[c["kind"]], c["name"]), []).append(record)
+    problems = []
+    for (slot, name), records in sorted(providers.items()):
+        if len(records) < 2:
+            continue
+        names = [_provider(r, name) for r in records]
+        problems.append(f"{slot} name {name!r} is provided by more than one plugin: {', '.join(names)}; a config "
+                        f"naming it bare is refused: use a qualified name")
+        for record, own in zip(records, names):
+            others = ", ".join(n for n in names if n != own)
+            warning = (f"{slot} name {name!r} is also provided by {others}: configs must name it "
+                       f"{own.split(' ')[0]!r}")
+            if warning not in record["warnings"]:
+                record["warnings"].append(warning)
+    return problems
 
 
 def _sorted_report(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,7 +99,9 @@ def _plugin_rows(record: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _check_problems(report: list[dict[str, Any]]) -> list[str]:
+def check_problems(report: list[dict[str, Any]]) -> list[str]:
+    """What ``plugins --check`` (and doctor) fail on: failed plugins, components that do not import or
+    declare invalid attributes, and names two plugins provide in one slot."""
     problems = []
     for r in report:
         label = f"plugin {r['name']!r} ({r['distribution'] or '?'}=={r['version'] or '?'})"
@@ -64,16 +110,11 @@ def _check_problems(report: list[dict[str, Any]]) -> list[str]:
         for c in r["components"]:
             if c.get("check") not in (None, "ok"):
                 problems.append(f"{label}: {c['kind']} {c['name']!r} -> {c['target']!r}: {c['check']}")
-    return problems
+    return problems + flag_collisions(report)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    if args.check:
-        from .plugin_check import check_plugins
-
-        report = _sorted_report(check_plugins(timeout=args.timeout))
-    else:
-        report = plugins_report()
+    report = checked_report(args.timeout) if args.check else plugins_report()
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
@@ -82,7 +123,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
               if rows else "no dataflex plugins installed")
     if not args.check:
         return 0
-    problems = _check_problems(report)
+    problems = check_problems(report)
     if not args.json:
         components = sum(len(r["components"]) for r in report)
         if problems:

@@ -3,7 +3,8 @@
 Checks, in order: verl's version (and whether it is in the range the adapter's private hook points
 were tested against), TransferQueue and Ray, the ``verl.plugins`` entry point, whether ``import verl``
 registered the real dataflex trainer modes (not the stand-ins a failed import leaves), the
-``VERL_USE_EXTERNAL_PLUGINS`` policy, and the dataflex plugin set. Given the user's ``main_ppo``
+``VERL_USE_EXTERNAL_PLUGINS`` policy, and the dataflex plugin set as ``dataflex plugins --check`` sees it
+(every component imported in a child process; names two plugins share are warnings). Given the user's ``main_ppo``
 overrides (``dataflex doctor trainer.v1.trainer_mode=sync +dataflex.mechanism=select ...``) it also
 composes verl's config the way ``main_ppo`` does and checks the ``dataflex`` block against the trainer
 that config would run: a block the trainer would ignore, or one that does not validate, fails.
@@ -147,21 +148,33 @@ def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
         add("trainer mode", OK, ", ".join(f"{mode!r} -> {getattr(cls, '__qualname__', cls)}"
                                           for mode, cls in registered.items()))
 
-    from ..discovery import discover
-
-    # Not strict, whatever DATAFLEX_STRICT_PLUGINS says: report every failed plugin instead of dying on
-    # the first one (each failure is a FAIL below, so the exit status still says so).
-    plugins = discover(strict=False)
-    for record in plugins.records:
-        components = ", ".join(sorted(f"{c.name} ({c.kind})" for c in record.components))
-        status = {"active": OK, "disabled": WARN}.get(record.status, FAIL)
-        add(f"plugin {record.name}", status,
-            f"{record.pin} {record.status}: " + (components if record.status == "active" else record.error or ""))
-    if not plugins.records:
-        add("plugins", WARN, "no dataflex plugins installed: only in-process components are available")
+    _plugin_checks(add)
     if overrides:
         _block_checks(overrides, add)
     return checks
+
+
+def _plugin_checks(add: Any) -> None:
+    """Every plugin as ``plugins --check`` sees it: each component imported (in a child process, never
+    strict, so every failure is reported rather than the first raised), name collisions flagged."""
+    from ..catalog import checked_report
+
+    report = checked_report()
+    for r in report:
+        pin = f"{r['distribution'] or r['name']}=={r['version'] or 'unknown'}"
+        broken = [f"{c['name']} ({c['kind']}) cannot be used: {c['check']}" for c in r["components"]
+                  if c.get("check") not in (None, "ok")]
+        if r["status"] == "failed" or broken:
+            status = FAIL
+        elif r["status"] == "disabled" or r["warnings"]:
+            status = WARN
+        else:
+            status = OK
+        components = ", ".join(sorted(f"{c['name']} ({c['kind']})" for c in r["components"]))
+        detail = components if r["status"] == "active" else r["error"] or f"by {r['disabled_by']}"
+        add(f"plugin {r['name']}", status, "; ".join([f"{pin} {r['status']}: {detail}", *broken, *r["warnings"]]))
+    if not report:
+        add("plugins", WARN, "no dataflex plugins installed: only in-process components are available")
 
 
 def _quiet_verl_import() -> None:
@@ -182,6 +195,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for c in checks:
             print(f"[{c['status']:>4}] {c['check'].ljust(width)}  {c['detail']}")
     failed = [c["check"] for c in checks if c["status"] == FAIL]
+    warned = [c["check"] for c in checks if c["status"] == WARN]
     if not getattr(args, "json", False):
-        print(f"dataflex doctor: {'broken: ' + ', '.join(failed) if failed else 'all checks passed'}")
+        verdict = "broken: " + ", ".join(failed) if failed else "all checks passed"
+        print(f"dataflex doctor: {verdict}" + (f"; warnings: {', '.join(warned)}" if warned else ""))
     return 1 if failed else 0

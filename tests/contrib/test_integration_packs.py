@@ -35,7 +35,7 @@ PACKS = {"dataflex-gfpo": ("gfpo", "gfpo", "selector"),
          "dataflex-tscl": ("tscl", "tscl", "mixer"),
          "dataflex-length": ("length", "response_length", "scorer")}
 FIXTURE_PACKS = ("dataflex-broken", "dataflex-marker", "dataflex-collide-a", "dataflex-collide-b", "dataflex-noep",
-                 "dataflex-halfbroken")
+                 "dataflex-halfbroken", "dataflex-badtarget")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", "*.pyc")
 _HIDDEN_PREFIXES = ("dataflex", "__editable__", "pip", "_distutils_hack", "distutils-precedence")
 
@@ -365,6 +365,30 @@ def test_a_name_collision_names_both_packs_and_qualified_names_resolve_it(packen
         for qualified in ("dataflex-collide-a:twin", "dataflex-collide-b:twin"):
             ok = packenv.dataflex("validate", config(qualified))
             assert ok.returncode == 0, ok.stderr
+
+
+def test_collisions_and_components_that_cannot_import_are_flagged_by_plugins_check_and_doctor(packenv):
+    pytest.importorskip("verl")
+    collide_a = ("scorer name 'twin' is also provided by dataflex-collide-b:twin (plugin 'collide'): configs must "
+                 "name it 'dataflex-collide-a:twin'")
+    with packenv.installed("dataflex-collide-a", "dataflex-collide-b", "dataflex-badtarget"):
+        listed = packenv.dataflex("plugins")
+        assert listed.returncode == 0 and f"warning: {collide_a}" in listed.stdout, listed.stdout
+        assert collide_a in packenv.plugins()["dataflex-collide-a"]["warnings"]
+        check = packenv.dataflex("plugins", "--check")
+        assert check.returncode == 1
+        assert ("scorer name 'twin' is provided by more than one plugin: dataflex-collide-a:twin (plugin 'collide'), "
+                "dataflex-collide-b:twin (plugin 'collide')") in check.stdout, check.stdout
+        assert "'misspelt_target' -> 'dataflex_badtarget.scorerz:Misspelt'" in check.stdout
+        doctor = packenv.dataflex("doctor", "--json")
+        checks = json.loads(doctor.stdout)
+        assert doctor.returncode == 1, checks
+        (bad,) = [c for c in checks if c["check"] == "plugin badtarget"]
+        assert bad["status"] == "FAIL" and "misspelt_target (scorer) cannot be used" in bad["detail"]
+        assert "ModuleNotFoundError" in bad["detail"]
+        twins = [c for c in checks if c["check"] == "plugin collide"]
+        assert [c["status"] for c in twins] == ["warn", "warn"] and collide_a in twins[0]["detail"]
+        assert "broken: plugin badtarget" in packenv.dataflex("doctor").stdout
 
 
 def test_the_template_pack_builds_installs_and_passes_its_own_tests(packenv):
