@@ -20,8 +20,8 @@ TRAINER: dict[str, Param] = {
     "temperature": Param(float, 1.0, low=0.0, low_open=True, doc="sampling temperature"),
     "max_grad_norm": Param(float, 1.0, low=0.0, low_open=True, doc="gradient clipping"),
     "save_every": Param(int, 50, low=0, doc="checkpoint every N steps (0: only at the end)"),
-    "eval_every": Param(int, 25, low=0, doc="exact greedy accuracy on every held-out prompt at step 0 and every "
-                        "N steps (0: never)"),
+    "eval_every": Param(int, 25, low=0, doc="exact greedy accuracy on every held-out prompt at step 0, every "
+                        "N steps and at the last step (0: never)"),
     "threads": Param(int, 1, low=1, doc="torch CPU threads during the run"),
     "generation_cost": Param(float, 4.0, low=0.0,
                              doc="cost of generating one token relative to training on one token, for "

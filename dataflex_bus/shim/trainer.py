@@ -227,7 +227,8 @@ class ShimTrainer:
 
         metrics.update(step.end(batch))
         self.step += 1
-        if every and self.step % every == 0 and index > 0:
+        # ... and at the last step, so a run shorter than eval_every (or not a multiple of it) ends evaluated.
+        if every and index > 0 and (self.step % every == 0 or self.step == self.t["steps"]):
             metrics.update(self.evaluate())
         metrics.update(self.compute_metrics())
         metrics["time/step_s"] = time.perf_counter() - started

@@ -58,7 +58,7 @@ def test_zero_signal_metric_is_the_share_of_groups_with_equal_rewards(recorder):
         assert m[step]["dataflex/rollout/zero_signal_groups"] == flat / batch.num_groups
 
 
-def test_heldout_eval_at_step_0_and_every_eval_every_updates():
+def test_heldout_eval_at_step_0_every_eval_every_updates_and_at_the_last_step():
     from dataflex_bus.runtime import Runtime
     from dataflex_bus.shim.config import resolve_config
     from dataflex_bus.shim.host import describe
@@ -68,7 +68,10 @@ def test_heldout_eval_at_step_0_and_every_eval_every_updates():
     m = run_training(cfg, steps=5).metrics
     keys = {"eval/heldout/copy", "eval/heldout/sort", "eval/heldout/reverse", "eval/heldout/random",
             "eval/heldout/learnable"}
-    assert [keys <= set(x) for x in m] == [True, True, False, True, False]
+    assert [keys <= set(x) for x in m] == [True, True, False, True, True]  # the last step, after 5 updates
+    # a run shorter than eval_every still ends evaluated
+    short = run_training(tiny(trainer={"eval_every": 25}, data={"heldout": 30}), steps=3).metrics
+    assert [keys <= set(x) for x in short] == [True, False, True]
     # step 0 scores the warm-started policy before any update
     resolved = resolve_config(cfg)
     base = ShimTrainer(resolved, Runtime(None, host=describe(resolved)))
