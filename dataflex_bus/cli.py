@@ -79,9 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how a run is read at a rollout budget between eval points (default: %(default)s)")
     p.add_argument("--out", default="runs/compare", help="output directory for runs, compare.json, table and plot")
     p.add_argument("--force", action="store_true",
-                   help="replace an earlier comparison in --out and run directories written with another config "
-                        "(identical finished runs are still reused)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+                   help="replace an earlier comparison in --out and start over every run that is not an identical "
+                        "finished one (those are still reused); with --resume, only runs of another config")
+    p.add_argument("--resume", action="store_true",
+                   help="continue unfinished runs (an interrupted compare) from their checkpoints; finished runs "
+                        "are reused")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (each run is still named)")
 
     p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
     p.add_argument("--json", action="store_true", help="the checks as JSON")

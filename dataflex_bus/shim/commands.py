@@ -39,8 +39,15 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise SignalInterrupt(signal.Signals(signum).name)
 
 
+def interruption(exc: KeyboardInterrupt) -> str:
+    """`` (SIGTERM) at step 12``: what interrupted a run and where (empty for a bare interrupt)."""
+    if isinstance(exc, SignalInterrupt):
+        return f" ({exc.signal_name})" + (f" at step {exc.step}" if exc.step is not None else "")
+    return f" ({exc})" if str(exc) else ""
+
+
 @contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
     """While training, SIGTERM (a scheduler's stop, `kill`) and SIGINT (Ctrl-C) end the run as an interrupt:
     recorded as interrupted at its step, the last checkpoint intact, and never blamed on the plugin whose
     code was running when the signal arrived. The library itself installs no handler (it may run in verl)."""
@@ -74,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     # The lock covers the plot too: a second run must not replace files while this one finishes.
-    with claimed_run_dir(out, resume=args.resume), _signals_interrupt():
+    with claimed_run_dir(out, resume=args.resume), signals_interrupt():
         try:
             result = run_training(prepared, out=out, resume=args.resume, force=args.force,
                                   progress=not args.no_progress)
@@ -82,11 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             add_note(exc, f"stopped: {_checkpoint_note(out)}")  # printed after the error it explains
             raise
         except KeyboardInterrupt as exc:
-            if isinstance(exc, SignalInterrupt):
-                why = f" ({exc.signal_name})" + (f" at step {exc.step}" if exc.step is not None else "")
-            else:
-                why = f" ({exc})" if str(exc) else ""
-            print(f"dataflex run: interrupted{why}; {_checkpoint_note(out)}", file=sys.stderr)
+            print(f"dataflex run: interrupted{interruption(exc)}; {_checkpoint_note(out)}", file=sys.stderr)
             return 130
         s = result.summary
         domains = resolved["data"]["domains"]

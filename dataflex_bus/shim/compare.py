@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import load_config
-from ..errors import ConfigError, ConfigIssue, DataflexError
+from ..errors import ConfigError, ConfigIssue, DataflexError, PluginRuntimeError, add_note
+from ..registry import article
 from . import report
-from .config import RunConfig, fingerprint, prepare
-from .files import METRICS, RECORD, RunDirError, check_run_dir, read_metrics
+from .commands import interruption, signals_interrupt
+from .config import RunConfig, diff, fingerprint, prepare
+from .files import METRICS, RECORD, RunDirError, checkpoint_step, existing_run_files, read_metrics
 from .run import run_training
 from .stats import mean_ci, paired_difference
 
@@ -278,6 +280,79 @@ def _reusable(run_dir: Path, resolved: dict[str, Any]) -> bool:
             and saved.get("trainer", {}).get("steps") == resolved["trainer"]["steps"])
 
 
+@dataclass
+class _Todo:
+    """A run compare has to train: from scratch, over an old run (``restart``) or from its checkpoint."""
+
+    input: _Input
+    seed: int
+    resume: bool = False
+    restart: bool = False
+    #: the checkpoint's step (``resume``)
+    at: int = 0
+
+
+def _record(run_dir: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((run_dir / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _held(run_dir: Path, record: Mapping[str, Any], at: int | None) -> str:
+    """What an occupied run directory holds, in words (for the refusal that names it)."""
+    status = record.get("status") or "unreadable"
+    done = (record.get("counters") or {}).get("steps_done")
+    state = f"{article(status)} {status} run" + (f" at step {done}" if isinstance(done, int) and status != "complete"
+                                                 else "")
+    return state + (f", its checkpoint at step {at}" if at is not None else ", no checkpoint")
+
+
+def _todo(i: _Input, seed: int, args: argparse.Namespace) -> _Todo | None:
+    """What to do with one config input's seed (``None``: a finished identical run, read as it is). Refuses,
+    naming the directory and the option that would do it, before anything trains."""
+    assert i.prepared is not None
+    run_dir, resolved = i.runs[seed], i.prepared[seed].resolved
+    if _reusable(run_dir, resolved):
+        return None
+    if not existing_run_files(run_dir):
+        return _Todo(i, seed)
+    record = _record(run_dir)
+    at = checkpoint_step(run_dir)
+    changed = diff(fingerprint(record.get("config") or {}), fingerprint(resolved))
+    if args.resume and not changed:
+        if at is None:  # nothing saved yet: a resume would redo those steps too
+            return _Todo(i, seed, restart=True)
+        steps = resolved["trainer"]["steps"]
+        if at > steps:
+            raise ConfigError(ConfigIssue("--steps", f"{run_dir} holds a checkpoint at step {at}, past the {steps} "
+                                          "steps asked for: a resume cannot shorten a run; pass --steps "
+                                          f"{at} or more, or --force to start it over"))
+        return _Todo(i, seed, resume=True, at=at)
+    if args.force:
+        return _Todo(i, seed, restart=True)
+    held = _held(run_dir, record, at)
+    if changed:
+        shown = "; ".join(c.replace("checkpoint ", "there ", 1) for c in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise RunDirError(f"{run_dir} holds {held}, written with another config ({shown}{more}); use --force to "
+                          "re-run it (its files are replaced)")
+    how = ("--resume to continue it from its checkpoint" if at is not None else
+           "--resume (it has no checkpoint yet, so it starts over)")
+    raise RunDirError(f"{run_dir} holds {held}; rerun with {how}, or --force to start it over (finished runs with "
+                      "the same config are reused either way)")
+
+
+def _interrupted(todo: _Todo, exc: KeyboardInterrupt) -> str:
+    run_dir = todo.input.runs[todo.seed]
+    at = checkpoint_step(run_dir)
+    saved = f"its checkpoint ({run_dir}) holds step {at}" if at is not None else "no checkpoint was written yet"
+    return (f"dataflex compare: interrupted{interruption(exc)} in {todo.input.label} seed {todo.seed}; {saved}; rerun the same "
+            "command with --resume to continue: finished runs are reused, unfinished ones resume from their "
+            "checkpoints")
+
+
 def _plan(args: argparse.Namespace, out: Path) -> list[_Input]:
     inputs: list[_Input] = []
     for item in args.configs:
@@ -334,19 +409,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if earlier and not args.force:
         raise RunDirError(f"{out} already holds a comparison ({', '.join(earlier)}); use --force to replace it "
                           "(finished runs with the same config are still reused)")
-    todo = [(i, seed) for i in inputs if i.prepared is not None for seed in i.runs
-            if not _reusable(i.runs[seed], i.prepared[seed].resolved)]
-    for i, seed in todo:
-        check_run_dir(i.runs[seed], force=args.force)
+    todos = [t for i in inputs if i.prepared is not None for seed in i.runs if (t := _todo(i, seed, args))]
     # Runs that already exist are checked for the metric and counters before anything trains.
-    pending = {(i.label, seed) for i, seed in todo}
+    pending = {(t.input.label, t.seed) for t in todos}
     read = {(i.label, seed): load_curve(run_dir, args.metric)
             for i in inputs for seed, run_dir in i.runs.items() if (i.label, seed) not in pending}
-    for i, seed in todo:
-        if not args.no_progress:
-            print(f"{i.label} seed {seed}:", file=sys.stderr)
-        assert i.prepared is not None
-        run_training(i.prepared[seed], out=i.runs[seed], progress=not args.no_progress)
+    with signals_interrupt():  # SIGTERM stops a compare as Ctrl-C does: recorded, resumable
+        for todo in todos:
+            i, seed = todo.input, todo.seed
+            # Which run is training, with or without progress bars (a log must say what each line belongs to).
+            doing = f" resuming from its checkpoint at step {todo.at}" if todo.resume else (
+                " starting over" if todo.restart else "")
+            print(f"{i.label} seed {seed}:{doing}", file=sys.stderr)
+            assert i.prepared is not None
+            try:
+                run_training(i.prepared[seed], out=i.runs[seed], resume=todo.resume, force=todo.restart,
+                             progress=not args.no_progress)
+            except KeyboardInterrupt as exc:
+                print(_interrupted(todo, exc), file=sys.stderr)
+                return 130
+            except PluginRuntimeError as exc:
+                at = checkpoint_step(i.runs[seed])
+                add_note(exc, f"stopped in {i.label} seed {seed}" + (
+                    f"; its checkpoint holds step {at}: fix the plugin and rerun with --resume" if at is not None
+                    else ""))
+                raise
 
     curves = {i.label: [read.get((i.label, s)) or load_curve(i.runs[s], args.metric) for s in i.runs]
               for i in inputs}

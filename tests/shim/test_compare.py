@@ -7,7 +7,11 @@ be computed by hand. One test drives the real trainer through the CLI.
 
 import json
 import math
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ from dataflex_bus.shim.compare import (
     load_curve,
     read_at_rollouts,
 )
-from dataflex_bus.shim.files import METRICS, RECORD, write_json, write_metrics
+from dataflex_bus.shim.files import METRICS, RECORD, checkpoint_step, write_json, write_metrics
 from dataflex_bus.shim.report import compare_table
 
 from .conftest import tiny
@@ -383,3 +387,68 @@ def test_runs_are_paired_by_seed_not_by_directory_order(tmp_path):
     assert doc["seeds"] == [2, 10] and doc["methods"]["meth"]["values"] == pytest.approx([0.55, 0.65])
     delta = doc["methods"]["meth"]["delta"]
     assert delta["mean"] == pytest.approx(0.05) and delta["std"] == pytest.approx(0.0, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------- interrupted and resumed
+def _comparable(doc):
+    """compare.json without what no two runs share: wall times and the run directories' paths."""
+    doc = json.loads(json.dumps(doc))
+    doc.pop("runs")
+    for block in (doc["methods"], doc["equal_rollouts"]["methods"]):
+        for entry in block.values():
+            if entry is not None:
+                entry["budget"].pop("wall_s")
+    return doc
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_compare_killed_mid_run_and_resumed_equals_an_uninterrupted_one(tmp_path, capsys, signum):
+    from . import faults
+
+    small = {"trainer": {"eval_every": 10, "save_every": 5}, "data": {"heldout": 60}}
+    a = write_config(tmp_path / "a.yaml", tiny(**small))
+    b = write_config(tmp_path / "b.yaml", tiny(**small, model={"hidden": 16, "pretrain_steps": 5, "seed": 1}))
+    common = [str(a), str(b), "--steps", "40", "--seeds", "0", "1"]
+    assert compare_cli(*common, "--out", tmp_path / "whole") == 0, capsys.readouterr().err
+    whole = strict_json(tmp_path / "whole" / "compare.json")
+
+    out = tmp_path / "cut"
+    exe = str(Path(sys.executable).with_name("dataflex"))
+    command = [exe, "compare", *common, "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(command, env=faults.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = out / "b" / "seed0"
+    while not (victim / "run.json").exists():  # a, both seeds, are done; b seed0 has begun
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    at = faults.wait_for_checkpoint(victim, proc, at_least=10)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    # every run is named as it starts, --no-progress or not
+    assert [line for line in err.splitlines() if " seed " in line and line.endswith(":")] == [
+        "a seed 0:", "a seed 1:", "b seed 0:"]
+    held = checkpoint_step(victim)
+    assert held >= at
+    name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+    assert re.fullmatch(
+        rf"dataflex compare: interrupted \({name}\) at step \d+ in b seed 0; its checkpoint \({re.escape(str(victim))}\) "
+        rf"holds step {held}; rerun the same command with --resume to continue: finished runs are reused, "
+        "unfinished ones resume from their checkpoints", err.splitlines()[-1]), err
+    assert json.loads((victim / RECORD).read_text())["status"] == "interrupted"
+    assert not (out / "compare.json").exists()
+
+    # the same command again: refused, saying what would continue it (nothing is touched)
+    again = subprocess.run(command, env=faults.env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    done = json.loads((victim / RECORD).read_text())["counters"]["steps_done"]
+    assert (f"{victim} holds an interrupted run at step {done}, its checkpoint at step {held}; rerun with --resume to "
+            "continue it from its checkpoint, or --force to start it over") in again.stderr, again.stderr
+
+    resumed = subprocess.run([*command, "--resume"], env=faults.env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"b seed 0: resuming from its checkpoint at step {held}" in resumed.stderr
+    assert "a seed 0:" not in resumed.stderr  # finished runs are read, not re-run
+    assert _comparable(strict_json(out / "compare.json")) == _comparable(whole)
+    record = json.loads((victim / RECORD).read_text())
+    assert [s["status"] for s in record["sessions"]] == ["interrupted", "complete"]
