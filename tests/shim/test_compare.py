@@ -452,3 +452,19 @@ def test_a_compare_killed_mid_run_and_resumed_equals_an_uninterrupted_one(tmp_pa
     assert _comparable(strict_json(out / "compare.json")) == _comparable(whole)
     record = json.loads((victim / RECORD).read_text())
     assert [s["status"] for s in record["sessions"]] == ["interrupted", "complete"]
+
+
+@pytest.mark.integration
+def test_resume_refuses_a_run_of_another_config_and_force_reruns_it(tmp_path, capsys):
+    a = write_config(tmp_path / "a.yaml", tiny(trainer={"eval_every": 1}))
+    out = tmp_path / "cmp"
+    seed0 = out / "a" / "seed0"
+    assert main(["run", str(a), "--steps", "2", "--out", str(seed0), "--no-progress", "trainer.lr=0.01"]) == 0
+    capsys.readouterr()
+    assert compare_cli(a, "--steps", "2", "--seeds", "0", "--out", out, "--resume") == 2
+    err = capsys.readouterr().err
+    assert (f"{seed0} holds a complete run, its checkpoint at step 2, written with another config (trainer.lr: "
+            "there 0.01, config 0.0005); use --force to re-run it") in err, err
+    assert compare_cli(a, "--steps", "2", "--seeds", "0", "--out", out, "--resume", "--force") == 0
+    assert "a seed 0: starting over" in capsys.readouterr().err
+    assert json.loads((seed0 / RECORD).read_text())["config"]["trainer"]["lr"] == 0.0005
