@@ -17,6 +17,20 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("CI=true but verl is not installed: install the `verl` extra")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_start_cache(tmp_path_factory):
+    """The warm-start cache of every run the suite starts (subprocesses inherit it) lies under pytest's
+    temporary directory, never in the user's ~/.cache; shared by the session, as one machine shares it."""
+    path = tmp_path_factory.mktemp("dataflex-cache")
+    before = os.environ.get("DATAFLEX_CACHE_DIR")
+    os.environ["DATAFLEX_CACHE_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("DATAFLEX_CACHE_DIR", None)
+    else:
+        os.environ["DATAFLEX_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def dataflex_log(caplog, monkeypatch):
     """Every record of the library's logger, once. The command line's log set-up (if a CLI test ran

@@ -149,6 +149,11 @@ def write_json_in_place(path: Path, data: Any) -> None:
 def save_checkpoint(state: dict[str, Any], out: Path) -> None:
     """Write ``checkpoint.pt`` atomically (a crash leaves the previous one), behind a header holding
     the payload's SHA-256 and size, so a damaged file is refused instead of loaded."""
+    write_checked(out / CHECKPOINT, state)
+
+
+def write_checked(path: Path, state: Any) -> None:
+    """``torch.save(state)`` to ``path`` atomically, behind the checksum header :func:`read_checked` verifies."""
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getbuffer()
@@ -158,18 +163,33 @@ def save_checkpoint(state: dict[str, Any], out: Path) -> None:
         fh.write(header)
         fh.write(payload)
 
-    atomic_write_bytes(out / CHECKPOINT, write)
+    atomic_write_bytes(path, write)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`; refuses a missing, truncated or altered one."""
     if not path.exists():
         raise RunDirError(f"{path.parent}: no checkpoint to resume from ({path.name} missing)")
+    fresh = "start a fresh run (--force)"
+    payload = read_checked(path, fresh)
+    try:
+        # Our own file (it holds optimizer and plugin state, plain containers and tensors).
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); {fresh}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: cannot read the checkpoint (it holds a {type(state).__name__}, not a "
+                              f"mapping); {fresh}")
+    return state
+
+
+def read_checked(path: Path, fresh: str) -> bytes:
+    """The payload of a file :func:`write_checked` wrote, verified against its header; a missing header, a
+    wrong size or checksum is a :class:`CheckpointError` naming the file and ending in ``fresh`` (the fix)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({exc.strerror or exc})") from exc
-    fresh = "start a fresh run (--force)"
     head, sep, payload = data.partition(b"\n")
     fields = head.split(b" ")
     if not sep or fields[0] != CHECKPOINT_MAGIC or len(fields) != 3:
@@ -187,15 +207,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(f"{path}: checksum mismatch, the checkpoint is damaged (SHA-256 differs from the "
                               f"one written with it); {fresh}")
-    try:
-        # Our own file (it holds optimizer and plugin state, plain containers and tensors).
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); {fresh}") from exc
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: cannot read the checkpoint (it holds a {type(state).__name__}, not a "
-                              f"mapping); {fresh}")
-    return state
+    return payload
 
 
 def checkpoint_step(out: Path) -> int | None:

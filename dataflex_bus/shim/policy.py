@@ -94,19 +94,21 @@ def generate(policy: TinyPolicy, prompts: Tensor, temperature: float,
 
 
 def pretrain(policy: TinyPolicy, names: Sequence[str], draw: Callable[[Tensor, torch.Generator], Prompts],
-             steps: int, gen: torch.Generator, *, batch: int = 128, lr: float = 0.01) -> float:
+             steps: int, gen: torch.Generator, *, batch: int = 128, lr: float = 0.01,
+             on_step: Callable[[int], None] | None = None) -> float:
     """Supervised warm start (see :func:`~dataflex_bus.shim.tasks.pretraining_targets`) on prompts from
     ``draw``, the training split's sampler: held-out prompts are never seen.
 
     Each prompt's loss is the share-weighted mix of the negative log-likelihoods of its right answer and
     of its habit's answer, per token over both. Turns the random network into a base policy that knows
     the answer format and both rules. Uses its own optimizer, which is discarded. Returns the last loss.
+    ``on_step(done)`` is called after each step (a progress bar).
     """
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     # Decaying to 0 settles the weights: the base policy varies less from seed to seed.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / max(steps, 1))
     loss = torch.zeros(())
-    for _ in range(steps):
+    for done in range(1, steps + 1):
         ids = torch.randint(0, len(names), (batch,), generator=gen)
         prompts = draw(ids, gen)
         right, habit, share = pretraining_targets(prompts, list(names))
@@ -118,4 +120,6 @@ def pretrain(policy: TinyPolicy, names: Sequence[str], draw: Callable[[Tensor, t
         loss.backward()
         optimizer.step()
         schedule.step()
+        if on_step is not None:
+            on_step(done)
     return float(loss.detach())

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 
 
 class Progress:
-    """Redraws in place on a terminal; elsewhere (CI logs) prints a line every 10%."""
+    """Redraws in place on a terminal; elsewhere (CI logs) prints a line every 10%. ``label`` leads each line
+    (the warm start's bar says what it is); metrics a line lacks are left out."""
 
-    def __init__(self, total: int, start: int) -> None:
-        self.total, self.start = total, start
+    def __init__(self, total: int, start: int, label: str = "") -> None:
+        self.total, self.start, self.label = total, start, label
         self.t0 = time.perf_counter()
         self.tty = sys.stderr.isatty()
         self.last_pct = -1
@@ -25,12 +26,11 @@ class Progress:
         filled = int(width * done / self.total)
         rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else 0.0
-        parts = [f"reward {m.get('dataflex/rollout/reward_mean', float('nan')):.2f}",
-                 f"kept {m.get('dataflex/kept_fraction', float('nan')):.2f}"]
-        if "eval/heldout/learnable" in m:
-            parts.append(f"held-out {m['eval/heldout/learnable']:.2f}")
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  " + "  ".join(parts)
-                + f"  {rate:.1f} it/s  eta {eta:.0f}s")
+        shown = {"dataflex/rollout/reward_mean": "reward", "dataflex/kept_fraction": "kept", "eval/heldout/learnable": "held-out"}
+        parts = [f"{name} {m[key]:.2f}" for key, name in shown.items() if key in m]
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  "
+        line = (f"{self.label} " if self.label else "") + bar + "".join(f"{p}  " for p in parts) + \
+            f"{rate:.1f} it/s  eta {eta:.0f}s"
         sys.stderr.write(("\r" + line + "\033[K") if self.tty else line + "\n")
         sys.stderr.flush()
 

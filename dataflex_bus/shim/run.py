@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -45,6 +44,7 @@ from .files import (
     write_metrics,
 )
 from .host import describe
+from .machine import machine_info
 from .progress import Progress
 from .summary import summarize
 from .trainer import ShimTrainer
@@ -60,12 +60,6 @@ class RunResult:
     record: dict[str, Any]
     out: Path | None = None
     summary: dict[str, float] = field(default_factory=dict)
-
-
-def machine_info() -> dict[str, Any]:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "dataflex_bus": __version__}
 
 
 def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None, seed: int | None = None,
@@ -225,7 +219,7 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
     t = resolved["trainer"]
     provenance = _provenance(runtime)
     # A resumed run takes its weights from the checkpoint: no warm start to redo.
-    trainer = ShimTrainer(resolved, runtime, warm_start=saved is None)
+    trainer = ShimTrainer(resolved, runtime, warm_start=saved is None, progress=progress)
     history: list[dict[str, float]] = []
     record: dict[str, Any] = {
         "config": resolved, "seed": t["seed"], "steps": t["steps"], "domains": trainer.domains,

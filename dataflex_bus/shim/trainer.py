@@ -19,7 +19,6 @@ seed, and a resumed run continues bit for bit.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -33,10 +32,11 @@ from ..errors import ConfigError, DataflexError
 from ..ops import grpo_outcome_advantage
 from ..runtime import Runtime
 from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds
+from . import warmstart
 from .config import diff, fingerprint
 from .files import CheckpointError
 from .losses import low_var_kl, policy_loss, token_mean
-from .policy import TinyPolicy, generate, pretrain, token_log_probs, token_log_probs_and_entropy
+from .policy import TinyPolicy, generate, token_log_probs, token_log_probs_and_entropy
 from .prompt_ids import prompt_table
 from .split import Split
 from .tasks import Prompts, exact_match, vocab_size
@@ -45,10 +45,6 @@ FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
 #: Generators of the base policy, seeded by ``model.seed``; the others by ``trainer.seed``.
 _BASE_GENERATORS = ("init", "pretrain")
-#: Warm-started base policies of this process (policy state, pretrain generator state), by the sections
-#: that determine them; a few at most (a compare of configs with different models).
-_BASES: dict[str, tuple[dict[str, Tensor], Tensor]] = {}
-_MAX_BASES = 4
 def _generator(seed: int, which: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 64 + _GENERATORS.index(which) + 1)
 
@@ -66,7 +62,8 @@ def apply_advantage(batch: Batch, action: AdvantageAction) -> tuple[Batch, bool]
 class ShimTrainer:
     """State of one run: policy, optimizer, generators, sampler position, counters and the runtime."""
 
-    def __init__(self, resolved: Mapping[str, Any], runtime: Runtime, *, warm_start: bool = True) -> None:
+    def __init__(self, resolved: Mapping[str, Any], runtime: Runtime, *, warm_start: bool = True,
+                 progress: bool = False) -> None:
         self.config = resolved
         self.runtime = runtime
         t, m = resolved["trainer"], resolved["model"]
@@ -80,7 +77,9 @@ class ShimTrainer:
         vocab = vocab_size(len(self.domains))
         self.policy = TinyPolicy(vocab, m["hidden"], m["layers"], self.gens["init"])
         if warm_start and m["pretrain_steps"]:
-            self._warm_start(resolved)
+            # From this process's memory, the disk cache, or pretraining (then cached): see warmstart.py.
+            warmstart.warm_start(self.policy, self.gens["pretrain"], self.split, resolved, self.domains,
+                                 progress=progress)
         self.reference: TinyPolicy | None = None
         if t["kl_coef"] > 0:
             self.reference = TinyPolicy(vocab, m["hidden"], m["layers"], _generator(m["seed"], "init"))
@@ -94,24 +93,6 @@ class ShimTrainer:
             runtime.set_domains(self.domains)
         if runtime.needs_prompt_ids:
             runtime.set_prompts(prompt_table(self.split))
-
-    def _warm_start(self, resolved: Mapping[str, Any]) -> None:
-        """The supervised warm start, or the same base policy from an earlier run of this process: it is a
-        function of the model and data sections alone (``trainer.seed`` and the method vary the RL run),
-        as runs that start from one pretrained checkpoint share it. ``dataflex compare`` pays it once."""
-        m = resolved["model"]
-        key = json.dumps([m, resolved["data"], self.domains], sort_keys=True, default=str)
-        base = _BASES.get(key)
-        if base is None:
-            pretrain(self.policy, self.domains, self.split.draw, m["pretrain_steps"], self.gens["pretrain"],
-                     batch=m["pretrain_batch"])
-            base = _BASES[key] = ({k: v.clone() for k, v in self.policy.state_dict().items()},
-                                  self.gens["pretrain"].get_state())
-            while len(_BASES) > _MAX_BASES:
-                del _BASES[next(iter(_BASES))]
-        else:
-            self.policy.load_state_dict(base[0])
-            self.gens["pretrain"].set_state(base[1])  # as the warm start leaves it: checkpoints agree too
 
     # ------------------------------------------------------------------ sampling
     def _candidates(self, probs: Tensor, n: int) -> Candidates[Prompts]:

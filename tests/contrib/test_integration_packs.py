@@ -55,8 +55,9 @@ class PackEnv:
         return Path(self.run_py("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("DATAFLEX_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+        # No DATAFLEX_* but the cache location: the suite's runs never write the user's ~/.cache.
+        env = {k: v for k, v in os.environ.items() if (not k.startswith("DATAFLEX_") or k == "DATAFLEX_CACHE_DIR")
+               and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(self.venv)
         env.update(extra or {})

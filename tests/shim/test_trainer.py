@@ -280,15 +280,16 @@ def test_unknown_key_message_lists_allowed_keys():
         run_training({"trainer": {"stepz": 3}})
 
 
-def test_a_shared_base_policy_gives_the_run_a_fresh_warm_start_would(tmp_path):
-    from dataflex_bus.shim import trainer
+def test_a_shared_base_policy_gives_the_run_a_fresh_warm_start_would(tmp_path, monkeypatch):
+    from dataflex_bus.shim import warmstart
 
+    monkeypatch.setenv("DATAFLEX_CACHE_DIR", "")  # this process's memory only (the disk: test_warmstart.py)
     cfg = tiny(trainer={"save_every": 1})
-    trainer._BASES.clear()
+    warmstart._MEMORY.clear()
     fresh = run_training(cfg, steps=2, seed=1, out=tmp_path / "fresh")
-    trainer._BASES.clear()
+    warmstart._MEMORY.clear()
     run_training(cfg, steps=1, seed=0)  # warms the base policy up once
-    assert len(trainer._BASES) == 1
+    assert len(warmstart._MEMORY) == 1
     shared = run_training(cfg, steps=2, seed=1, out=tmp_path / "shared")
     assert without_times(shared.metrics) == without_times(fresh.metrics)
     from dataflex_bus.shim.files import load_checkpoint
@@ -297,4 +298,4 @@ def test_a_shared_base_policy_gives_the_run_a_fresh_warm_start_would(tmp_path):
     assert all(torch.equal(a["rng"][k], b["rng"][k]) for k in a["rng"])
     # another model is another base policy
     run_training(tiny(model={"hidden": 8}), steps=1)
-    assert len(trainer._BASES) == 2
+    assert len(warmstart._MEMORY) == 2
