@@ -32,6 +32,22 @@ _ENV_LOAD = "DATAFLEX_LOAD_PLUGINS"
 _ENV_DISABLE = "DATAFLEX_DISABLE_PLUGINS"
 
 
+#: pytest-asyncio (installed with verl) warns in every session that leaves this unset; the template sets it.
+_ASYNCIO_LOOP_SCOPE = "asyncio_default_fixture_loop_scope"
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """Declare pytest-asyncio's loop-scope option where pytest-asyncio will not, so a pack's pyproject can
+    set it (silencing that plugin's deprecation warning where it is installed) without pytest calling it
+    an unknown option where it is not."""
+    import importlib.util
+
+    if importlib.util.find_spec("pytest_asyncio") is None or pluginmanager.is_blocked("asyncio"):
+        parser.addini(_ASYNCIO_LOOP_SCOPE, type="string", default=None,
+                      help="pytest-asyncio's default event-loop scope of async fixtures (declared by dataflex-bus's "
+                           "plugin while pytest-asyncio is not loaded)")
+
+
 def _reset() -> None:
     from dataflex_bus.discovery import reset_plugins
 

@@ -1,5 +1,6 @@
 """``dataflex new-plugin``: names, refusals, and a generated pack whose own tests pass."""
 
+import subprocess
 import sys
 
 import pytest
@@ -81,3 +82,18 @@ def test_generated_tests_pass_against_a_fake_install(tmp_path, pytester):
     finally:
         for name in [m for m in sys.modules if m.startswith("dataflex_demo_pack")]:
             del sys.modules[name]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("asyncio", [[], ["-p", "no:asyncio"]], ids=["with-pytest-asyncio", "without"])
+def test_the_generated_pyproject_configures_pytest_without_a_warning(tmp_path, asyncio):
+    """As a pack's author sees it, in a process of its own: with pytest-asyncio (which verl installs) its
+    deprecation warning about an unset loop scope, without it pytest's "unknown config option", neither."""
+    root = create_pack("demo-pack", tmp_path)
+    # collecting src/ (no test files) configures pytest from the pack's pyproject and imports nothing of it
+    shown = subprocess.run([sys.executable, "-m", "pytest", str(root / "src"), "--collect-only", "-p",
+                            "no:cacheprovider", *asyncio], cwd=root, capture_output=True, text=True, timeout=120)
+    said = shown.stdout + shown.stderr
+    assert shown.returncode == pytest.ExitCode.NO_TESTS_COLLECTED and "configfile: pyproject.toml" in said, said
+    assert "PytestDeprecationWarning" not in said and "Unknown config option" not in said, said
+    assert "warning" not in said.lower(), said
