@@ -77,6 +77,8 @@ class RunCurve:
     domains: tuple[str, ...]
     points: tuple[Reading, ...]
     metrics: tuple[dict[str, float], ...]
+    #: the CPU the run ran on (``run.json``'s ``machine.cpu``; ``None`` for a record without it)
+    cpu: str | None = None
 
     @property
     def final(self) -> Reading:
@@ -145,7 +147,10 @@ def load_curve(run_dir: Path, metric: str) -> RunCurve:
             raise RunDataError(f"{run_dir}: '{COUNTERS['generated_rollouts']}' decreases at step {_step(m)} "
                                "(a cumulative counter)")
         points.append(Reading(_number(run_dir, m, metric, "the compared metric"), float(m.get("step", 0)), budget))
-    return RunCurve(run_dir, _seed(run_dir, record), tuple(record.get("domains") or ()), tuple(points), tuple(metrics))
+    machine = record.get("machine")
+    cpu = machine.get("cpu") if isinstance(machine, dict) and isinstance(machine.get("cpu"), str) else None
+    return RunCurve(run_dir, _seed(run_dir, record), tuple(record.get("domains") or ()), tuple(points),
+                    tuple(metrics), cpu)
 
 
 def read_at_rollouts(curve: RunCurve, rollouts: float, reading: str = "linear") -> Reading | None:
@@ -231,6 +236,8 @@ def analyse(curves: Mapping[str, Sequence[RunCurve]], *, baseline: str, metric: 
         "methods": methods,
         "equal_rollouts": {"reading": reading, "methods": equal, "unavailable": unavailable},
         "runs": {label: [str(c.run_dir) for c in runs] for label, runs in curves.items()},
+        # Runs are bit-identical on one CPU, not across CPUs: the numbers say where they were computed.
+        "cpus": sorted({c.cpu for runs in curves.values() for c in runs if c.cpu is not None}),
     }
 
 

@@ -298,6 +298,10 @@ def compare_table(summary: Mapping[str, Any]) -> str:
         "rollouts, trained tokens, cost, wall s: seed mean at the last eval point (wall s: summed time/step_s).",
     ]
     notes += [f"no equal-rollouts reading for {label}: {why}" for label, why in equal.get("unavailable", {}).items()]
+    cpus = summary.get("cpus") or []
+    if cpus:
+        notes.append(f"computed on {' and '.join(cpus)}: runs are bit-identical on one CPU; another CPU gives other "
+                     "digits, within the intervals.")
     return format_table(rows, columns) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 

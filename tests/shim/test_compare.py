@@ -468,3 +468,19 @@ def test_resume_refuses_a_run_of_another_config_and_force_reruns_it(tmp_path, ca
     assert compare_cli(a, "--steps", "2", "--seeds", "0", "--out", out, "--resume", "--force") == 0
     assert "a seed 0: starting over" in capsys.readouterr().err
     assert json.loads((seed0 / RECORD).read_text())["config"]["trainer"]["lr"] == 0.0005
+
+
+def test_the_comparison_names_the_cpus_its_runs_ran_on(tmp_path):
+    base = method_dir(tmp_path / "runs", "grpo", BASE[:2])
+    meth = method_dir(tmp_path / "runs", "filter", METHOD[:2])
+    for run, cpu in zip([*base.iterdir(), *meth.iterdir()], ["CPU A", "CPU A", "CPU A", "CPU B"]):
+        record = json.loads((run / RECORD).read_text())
+        write_json(run / RECORD, {**record, "machine": {"cpu": cpu}})
+    curves = {label: [load_curve(d / f"seed{s}", METRIC) for s in (0, 1)] for label, d in (("grpo", base),
+                                                                                          ("filter", meth))}
+    doc = analyse(curves, baseline="grpo")
+    assert doc["cpus"] == ["CPU A", "CPU B"]
+    assert compare_table(doc).endswith("- computed on CPU A and CPU B: runs are bit-identical on one CPU; another "
+                                       "CPU gives other digits, within the intervals.")
+    doc["cpus"] = []  # runs from before run.json named the CPU: no note
+    assert "computed on" not in compare_table(doc)

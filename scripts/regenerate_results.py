@@ -1,0 +1,117 @@
+"""Regenerate every comparison the docs show, on this machine: the README's main job and docs/results.
+
+    python scripts/regenerate_results.py               # everything (about 15 minutes on 2 cores)
+    python scripts/regenerate_results.py --only main   # the README's main job (about 2 minutes)
+
+Each command is read from the document that shows it and run as written, from the repository root, with
+``--force`` added where it is missing (an earlier comparison is replaced; finished identical runs are
+still reused):
+
+* ``main``: the README's first command (its ``dataflex compare`` part); its ``table.md`` replaces the
+  README's main-job table (between ``<!-- main-job-table:start -->`` and ``<!-- main-job-table:end -->``)
+  and its ``compare.json`` is kept as ``docs/results/main_job.json`` (``tests/foundation/test_readme_ci.py``
+  checks that the README's table is that document's table, as the command prints it);
+* ``examples``: the command in ``docs/results/examples_5seeds.md``; its ``compare.json`` and ``compare.png``
+  become ``examples_5seeds.json`` / ``.png``, its table replaces the one in that file, and
+  ``benchmarks/greso_report.py`` writes ``generation_cost.txt``; then the command in
+  ``greso_vs_dynamic_sampling.md`` (the same runs, dynamic sampling as the baseline) gives that file's
+  table and ``greso_vs_dynamic_sampling.json``.
+
+Every table names the CPU its runs ran on: runs are bit-identical on one machine, and another CPU gives
+other digits, within the intervals. The README's prose quotes a few of these numbers; read it again after
+a regeneration (the README test names any quoted interval no table holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = ROOT / "docs" / "results"
+EXAMPLES = RESULTS / "examples_5seeds.md"
+VERSUS = RESULTS / "greso_vs_dynamic_sampling.md"
+MAIN_JSON = RESULTS / "main_job.json"
+MAIN_MARKERS = ("<!-- main-job-table:start -->", "<!-- main-job-table:end -->")
+TABLE_MARKERS = ("<!-- table:start -->", "<!-- table:end -->")
+
+
+def bash_blocks(path: Path) -> list[str]:
+    """The ``bash`` code blocks of a Markdown file, continuation lines joined."""
+    return [block.replace("\\\n", " ") for block in re.findall(r"```bash\n(.+?)\n```", path.read_text(), re.S)]
+
+
+def compare_command(block: str) -> list[str]:
+    """The ``dataflex compare ...`` command of a block (after any ``pip install ... &&``), with ``--force``."""
+    text = block.split("&&")[-1].strip()
+    words = shlex.split(text)
+    if words[:2] != ["dataflex", "compare"]:
+        raise SystemExit(f"expected a dataflex compare command, found: {text}")
+    return words if "--force" in words else [*words, "--force"]
+
+
+def option(words: list[str], name: str, default: str) -> str:
+    return words[words.index(name) + 1] if name in words else default
+
+
+def run(words: list[str]) -> None:
+    exe = Path(sys.executable).with_name(words[0])
+    command = [str(exe) if exe.exists() else words[0], *words[1:]]
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, cwd=ROOT, check=True)
+
+
+def replace_between(path: Path, markers: tuple[str, str], text: str) -> None:
+    start, end = markers
+    content = path.read_text()
+    if start not in content or end not in content:
+        raise SystemExit(f"{path}: no {start} ... {end} block to replace")
+    head, _, rest = content.partition(start)
+    _, _, tail = rest.partition(end)
+    path.write_text(f"{head}{start}\n{text.strip()}\n{end}{tail}")
+
+
+def main_job() -> None:
+    words = compare_command(bash_blocks(README)[0])
+    run(words)
+    out = ROOT / option(words, "--out", "runs/compare")
+    replace_between(README, MAIN_MARKERS, (out / "table.md").read_text())
+    shutil.copyfile(out / "compare.json", MAIN_JSON)
+
+
+def examples() -> None:
+    words = compare_command(bash_blocks(EXAMPLES)[0])
+    run(words)
+    out = ROOT / option(words, "--out", "runs/compare")
+    shutil.copyfile(out / "compare.json", RESULTS / "examples_5seeds.json")
+    shutil.copyfile(out / "compare.png", RESULTS / "examples_5seeds.png")
+    replace_between(EXAMPLES, TABLE_MARKERS, (out / "table.md").read_text())
+    report = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "greso_report.py"), str(out), "--versus",
+                             "dynamic_sampling", "--baseline", "grpo_baseline"], cwd=ROOT, check=True,
+                            capture_output=True, text=True)
+    (RESULTS / "generation_cost.txt").write_text(report.stdout)
+    versus = compare_command(bash_blocks(VERSUS)[0])
+    run(versus)
+    out = ROOT / option(versus, "--out", "runs/compare")
+    replace_between(VERSUS, TABLE_MARKERS, (out / "table.md").read_text())
+    shutil.copyfile(out / "compare.json", RESULTS / "greso_vs_dynamic_sampling.json")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["main", "examples"], help="one of the two (default: both)")
+    args = parser.parse_args()
+    if args.only in (None, "main"):
+        main_job()
+    if args.only in (None, "examples"):
+        examples()
+
+
+if __name__ == "__main__":
+    main()
