@@ -118,12 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(import_module(module_name), func)
     from .errors import DataflexError
 
+    code = None
     try:
         code = int(handler(args) or 0)
         sys.stdout.flush()  # here, not at exit, so a reader that stopped reading is met below
         return code
     except BrokenPipeError:
-        return _reader_gone()
+        _reader_gone()
+        return 0 if code is None else code  # the command's own verdict, when it finished
     except DataflexError as exc:
         if _debug():
             # The plugin's own frames (file and line), the cause chain first; the one-line error stays last.
@@ -145,16 +147,15 @@ def _debug() -> bool:
     return debug_mode()
 
 
-def _reader_gone() -> int:
+def _reader_gone() -> None:
     """stdout's reader closed the pipe (``dataflex info X | head -1``): it has what it wanted, which is no
-    failure of ours. Python ignores SIGPIPE and raises instead; what is still buffered would raise again
-    when the interpreter flushes at exit, so stdout is pointed at /dev/null first."""
+    failure of ours (exit 0, or the command's own status). Python ignores SIGPIPE and raises instead; what is
+    still buffered would raise again when the interpreter flushes at exit, so stdout goes to /dev/null."""
     import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
