@@ -1,7 +1,7 @@
 """Regenerate every comparison the docs show, on this machine: the README's main job and docs/results.
 
     python scripts/regenerate_results.py               # everything (about 15 minutes on 2 cores)
-    python scripts/regenerate_results.py --only main   # the README's main job (about 2 minutes)
+    python scripts/regenerate_results.py --only main   # the README's main job (2 to 4 minutes)
 
 Each command is read from the document that shows it and run as written, from the repository root, with
 ``--force`` added where it is missing (an earlier comparison is replaced; finished identical runs are
