@@ -288,8 +288,8 @@ def _parse_method(raw: Any, key: str, issues: list[ConfigIssue]) -> MethodConfig
     values = check_section(raw, METHOD_KEYS, key, issues, extra=_SLOTS)
     names = mechanism_names()
     if isinstance(values.get("mechanism"), str) and values["mechanism"] not in names:
-        issues.append(ConfigIssue(f"{key}.mechanism", f"expected str: one of {', '.join(map(repr, names))}, got "
-                                  f"{values['mechanism']!r}", names, hint=did_you_mean(values["mechanism"], names)))
+        issues.append(ConfigIssue(f"{key}.mechanism", f"{values['mechanism']!r} is not allowed", names,
+                                  hint=did_you_mean(values["mechanism"], names)))
     refs = {slot: _parse_ref(raw.get(slot), f"{key}.{slot}", issues) for slot in _SLOTS}
     mechanism_ok = not any(i.key == f"{key}.mechanism" for i in issues[before:])
     if not mechanism_ok or refs["scorer"] is None or refs["actuator"] is None:

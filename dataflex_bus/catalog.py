@@ -43,13 +43,13 @@ def _provider(record: dict[str, Any], name: str) -> str:
 def flag_collisions(report: list[dict[str, Any]]) -> list[str]:
     """Add a warning to each active plugin that shares a component name with another in one config slot
     (a config naming it bare is refused); returns one problem line per shared name."""
-    from .registry import SLOT
+    from .registry import slot_of
 
     providers: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in report:
         if record["status"] == "active":
             for c in record["components"]:
-                providers.setdefault((SLOT[c["kind"]], c["name"]), []).append(record)
+                providers.setdefault((slot_of(c["kind"]), c["name"]), []).append(record)
     problems = []
     for (slot, name), records in sorted(providers.items()):
         if len(records) < 2:

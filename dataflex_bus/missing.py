@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from .registry import SLOT, normalize_name
+from .registry import normalize_name, slot_of
 
 if TYPE_CHECKING:
     from .discovery import PluginRecord
@@ -48,7 +48,7 @@ def installed_without_entry_point(name: str) -> str | None:
 def unknown_hint(failed: Sequence[PluginRecord], slot: str, bare: str) -> str:
     """``; ...`` sentences naming what may hide the ``slot`` component ``bare`` (empty when nothing does)."""
     hints = []
-    declared = [r for r in failed if any(SLOT[s.kind] == slot and s.name == bare for s in r.declared)]
+    declared = [r for r in failed if any(slot_of(s.kind) == slot and s.name == bare for s in r.declared)]
     for r in declared:
         hints.append(f"{slot} {bare!r} is declared by {r.label}, which failed to load: {r.error}")
     others = [r for r in failed if r not in declared]

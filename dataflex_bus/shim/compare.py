@@ -355,9 +355,9 @@ def _interrupted(todo: _Todo, exc: KeyboardInterrupt) -> str:
     run_dir = todo.input.runs[todo.seed]
     at = checkpoint_step(run_dir)
     saved = f"its checkpoint ({run_dir}) holds step {at}" if at is not None else "no checkpoint was written yet"
-    return (f"dataflex compare: interrupted{interruption(exc)} in {todo.input.label} seed {todo.seed}; {saved}; rerun the same "
-            "command with --resume to continue: finished runs are reused, unfinished ones resume from their "
-            "checkpoints")
+    return (f"dataflex compare: interrupted{interruption(exc)} in {todo.input.label} seed {todo.seed}; {saved}; "
+            "rerun the same command with --resume to continue: finished runs are reused, unfinished ones resume "
+            "from their checkpoints")
 
 
 def _plan(args: argparse.Namespace, out: Path) -> list[_Input]:

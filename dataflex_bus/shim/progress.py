@@ -26,7 +26,8 @@ class Progress:
         filled = int(width * done / self.total)
         rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else 0.0
-        shown = {"dataflex/rollout/reward_mean": "reward", "dataflex/kept_fraction": "kept", "eval/heldout/learnable": "held-out"}
+        shown = {"dataflex/rollout/reward_mean": "reward", "dataflex/kept_fraction": "kept",
+                 "eval/heldout/learnable": "held-out"}
         parts = [f"{name} {m[key]:.2f}" for key, name in shown.items() if key in m]
         bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  "
         line = (f"{self.label} " if self.label else "") + bar + "".join(f"{p}  " for p in parts) + \

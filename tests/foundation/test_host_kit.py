@@ -191,7 +191,7 @@ def test_adding_a_mechanism_is_one_class_and_its_registration(register):
             validate({**block, "mechanism": "clp"})
     finally:
         unregister_mechanism("clip")
-    with pytest.raises(ConfigError, match="one of 'select', 'reweight', 'mix', got 'clip'"):
+    with pytest.raises(ConfigError, match=r"'clip' is not allowed \(allowed: select, reweight, mix\)"):
         validate({"mechanism": "clip", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "half"}})
 
 

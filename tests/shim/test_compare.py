@@ -432,9 +432,9 @@ def test_a_compare_killed_mid_run_and_resumed_equals_an_uninterrupted_one(tmp_pa
     assert held >= at
     name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
     assert re.fullmatch(
-        rf"dataflex compare: interrupted \({name}\) at step \d+ in b seed 0; its checkpoint \({re.escape(str(victim))}\) "
-        rf"holds step {held}; rerun the same command with --resume to continue: finished runs are reused, "
-        "unfinished ones resume from their checkpoints", err.splitlines()[-1]), err
+        rf"dataflex compare: interrupted \({name}\) at step \d+ in b seed 0; its checkpoint "
+        rf"\({re.escape(str(victim))}\) holds step {held}; rerun the same command with --resume to continue: "
+        "finished runs are reused, unfinished ones resume from their checkpoints", err.splitlines()[-1]), err
     assert json.loads((victim / RECORD).read_text())["status"] == "interrupted"
     assert not (out / "compare.json").exists()
 
