@@ -95,6 +95,9 @@ class AdvantageAction:
     With training blocks (see :func:`carry_out_advantage`): ``remove`` (bool ``[B]``) are the rows of
     blocks left empty, which the host must take out of the update; ``empty_blocks`` counts the blocks
     found empty and ``restored_rows`` the dropped rows ``on_empty=keep_all`` put back.
+
+    ``store`` (bool ``[B]``): the rows a replay method stores in the run's buffer; the host hands their
+    fields to ``Step.store`` (``None``: nothing to store).
     """
 
     fields: dict[str, Tensor] = field(default_factory=dict)
@@ -103,6 +106,7 @@ class AdvantageAction:
     remove: Tensor | None = None
     empty_blocks: int = 0
     restored_rows: int = 0
+    store: Tensor | None = None
 
 
 def empty_blocks(trained: Tensor, blocks: Tensor) -> Tensor:

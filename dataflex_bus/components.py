@@ -245,6 +245,109 @@ class Mixer(Actuator):
         raise NotImplementedError(f"{type(self).__name__}.probabilities")
 
 
+#: How a replayer's rows enter a step (:class:`ReplaySettings`): the values each setting may take.
+REPLAY_UNITS = ("group", "prompt")
+REPLAY_ADVANTAGES = ("own_group", "split", "mixed")
+REPLAY_CORRECTIONS = ("decoupled", "behaviour")
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """What the host kit does with a replayer's buffer (read once, when the run starts).
+
+    ``unit``: ``group`` replays whole stored groups in the step's place of fresh ones (DOTS: the step
+    generates ``fresh_fraction`` of its prompts and fills the rest from the buffer); ``prompt`` replays, for
+    each prompt the step generates, up to ``replays`` of its stored rows once ``min_to_replay`` are stored
+    (RePO; the step's fresh prompts are all generated). ``advantage``: the groups replayed rows are normalised
+    in by the host's GRPO pass: ``own_group`` (the rows they were generated with), ``split`` (the replayed rows
+    of one prompt together, apart from its fresh rows), ``mixed`` (with the fresh rows of their prompt).
+    ``correction``: ``decoupled`` weights every row by ``min(pi_old / mu, is_cap)`` (decoupled PPO with
+    truncation, DOTS), ``behaviour`` clips the ratio against the stored behaviour log-probs ``mu`` instead of
+    ``pi_old`` (``old_log_probs <- mu`` on replayed rows, RePO). ``capacity``: rows stored at most (the oldest
+    groups leave first); ``per_prompt``: rows per prompt at most (0: no bound); ``max_age_steps``: a record
+    older than this many steps is evicted (0: never); ``dedup``: keep only each prompt's newest group;
+    ``off_policy_coef``: a factor on the loss of replayed rows (RePO's ``c_off``).
+    """
+
+    unit: str = "group"
+    advantage: str = "own_group"
+    correction: str = "decoupled"
+    capacity: int = 4096
+    per_prompt: int = 0
+    min_to_replay: int = 1
+    replays: int = 8
+    max_age_steps: int = 0
+    fresh_fraction: float = 1.0
+    dedup: bool = False
+    is_cap: float = 2.0
+    off_policy_coef: float = 1.0
+
+
+@dataclass
+class ReplayPool:
+    """The stored rows a replayer may pick from at one step, grouped in ``num_segments`` segments.
+
+    Unit ``prompt``: a segment is one prompt the step generates (in the order of its fresh groups), holding
+    that prompt's stored rows, oldest first; ``want[s]`` rows are to be picked from segment ``s``. Unit
+    ``group``: a segment is one stored group (oldest first), ``groups`` of them are to be picked, whole.
+    Per row: ``reward`` (stored, never re-scored), ``priority`` (the scorer's value when the row was stored),
+    ``seq`` (insertion order, larger is newer) and ``age`` (steps since it was generated).
+    """
+
+    segment: Tensor
+    num_segments: int
+    want: Tensor
+    groups: int
+    reward: Tensor
+    priority: Tensor
+    seq: Tensor
+    age: Tensor
+
+
+@dataclass
+class ReplayPick:
+    """A replayer's choice: ``rows`` (long, indices into the pool, in training order) and optional per-row
+    importance ``weights`` (non-uniform sampling: PER's ``(N P(i))^-beta / max``), multiplied into the loss."""
+
+    rows: Tensor
+    weights: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Replayer(Actuator):
+    """Mechanism ``replay``: which fresh rows enter the run's buffer (at ``on_advantage``, with their score as
+    priority) and which stored rows a later step trains on again (picked before its old log-probs).
+
+    The host kit keeps the buffer (:mod:`dataflex_bus.replay`); a replayer says how (:meth:`settings`), what to
+    store (:meth:`store`, default every fresh row) and what to replay (:meth:`pick`).
+    """
+
+    kind: ClassVar[str] = "replayer"
+    mechanism: ClassVar[str] = "replay"
+    min_timing: ClassVar[str] = "post_reward"
+    accepts: ClassVar[Sequence[str]] = ("prompt", "response")
+    #: The behaviour log-probs (mu) and the advantages of what it stores.
+    requires: ClassVar[Sequence[str]] = ("rollout_log_probs", "old_log_probs", "advantages", "uid")
+    needs_groups: ClassVar[bool] = True
+
+    def settings(self) -> ReplaySettings:
+        return ReplaySettings()
+
+    def store(self, batch: Batch, score: Score, step: int) -> Tensor:
+        """Bool ``[B]``: the rows to store (the kit stores only fresh real rows whatever this says)."""
+        return batch.valid_rows
+
+    def replay_groups(self, target: int, available: int, step: int) -> int:
+        """Unit ``group``: how many stored groups replace fresh ones in a step of ``target`` groups, given
+        ``available`` eligible stored groups (default: ``(1 - fresh_fraction)`` of the step, as many as there are)."""
+        s = self.settings()
+        wanted = int((1.0 - s.fresh_fraction) * target + 0.5)
+        return max(0, min(wanted, available, target - 1))
+
+    def pick(self, pool: ReplayPool, step: int) -> ReplayPick:
+        raise NotImplementedError(f"{type(self).__name__}.pick")
+
+
 # ---------------------------------------------------------------------------- checks the bus relies on
 #: Components already warned about returning tensors that require grad (one warning each per process).
 _WARNED_GRAD: set[str] = set()

@@ -6,10 +6,20 @@ out is the host kit's job (:mod:`dataflex_bus.carry`), written once for every ho
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+
+@dataclass
+class ReplayDecision:
+    """What a replay method decided at ``on_advantage``: the fresh rows to store in the run's buffer
+    (``store``, bool ``[B]``) with their ``priority`` (``[B]``, the scorer's value)."""
+
+    store: Tensor
+    priority: Tensor
 
 
 class Decision:
@@ -21,10 +31,12 @@ class Decision:
     empty-selection policy asked to skip this step's policy update. ``metrics``: ``dataflex/...``.
     ``on_empty``: the strictest ``on_empty`` of the methods that dropped rows (what a host does with a
     training block all of whose rows were dropped). ``nonfinite``: bool ``[B]`` rows dropped for a
-    non-finite score (never trained, whatever ``on_empty`` says).
+    non-finite score (never trained, whatever ``on_empty`` says). ``replay``: the rows a replay method
+    stores (:class:`ReplayDecision`; the host kit keeps the buffer).
     """
 
-    __slots__ = ("advantages", "domain_probs", "keep", "metrics", "nonfinite", "on_empty", "skip_update", "weights")
+    __slots__ = ("advantages", "domain_probs", "keep", "metrics", "nonfinite", "on_empty", "replay", "skip_update",
+                 "weights")
 
     def __init__(self) -> None:
         self.keep: Tensor | None = None
@@ -35,6 +47,7 @@ class Decision:
         self.metrics: dict[str, float] = {}
         self.on_empty: str | None = None
         self.nonfinite: Tensor | None = None
+        self.replay: ReplayDecision | None = None
 
     def drop(self, rows: Tensor, *, on_empty: str | None = None, nonfinite: bool = False) -> None:
         """Drop ``rows`` (bool ``[B]``): keep masks of several methods AND. ``on_empty``: the dropping

@@ -134,6 +134,15 @@ class PromptTable:
         return {"domains": list(self.domains), "prompts": len(self),
                 "checksum": zlib.crc32(self.ids.numpy().tobytes())}
 
+    def check_saved(self, saved: Any, what: str) -> None:
+        """Refuse state keyed by this table's dense index (``what``: "the per-prompt history", ...) that a
+        checkpoint saved with the fingerprint ``saved`` of another dataset's table."""
+        now = self.fingerprint()
+        if saved != now:
+            raise ConfigError(ConfigIssue(
+                self.column, f"{what} in the checkpoint was written for another dataset (saved: {_describe(saved)}; "
+                f"now: {_describe(now)}); resume with the original dataset or start a fresh run"))
+
 
 # ---------------------------------------------------------------------------- the history
 class PromptHistory:
@@ -274,12 +283,7 @@ class PromptHistory:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        saved, now = state.get("table"), self.table.fingerprint()
-        if saved != now:
-            raise ConfigError(ConfigIssue(
-                self.table.column, "the per-prompt history in the checkpoint was written for another dataset "
-                f"(saved: {_describe(saved)}; now: {_describe(now)}); resume with the original dataset or "
-                "start a fresh run"))
+        self.table.check_saved(state.get("table"), "the per-prompt history")
         if state.get("classes") != self.classes.to_dict() or state.get("window") != self.window:
             raise ConfigError(ConfigIssue("dataflex", "the per-prompt history in the checkpoint classifies visits "
                                           f"differently ({state.get('classes')}, window {state.get('window')})"))

@@ -44,6 +44,7 @@ CAPABILITIES: dict[str, str] = {
     "refill": "generate more prompts within a step until an on_rollout selection kept a full batch",
     "domain_sampling": "draw the next prompts by the domain probabilities a mixer publishes",
     "loss_weights": "multiply per-token weights into the policy-gradient term of the loss",
+    "replay": "add stored rows of past steps to a step's batch before its old log-probs (and generate fewer prompts)",
 }
 
 #: verl advantage estimators that use one rollout per prompt (no groups).
@@ -66,6 +67,9 @@ class HostDescription:
     the training context (``None``: not known). ``missing``: why a field or capability is absent (said in
     the refusal, e.g. ``{"entropy": "rollout_correction.bypass_mode=true computes no old log-probs"}``).
     ``check``: the host's own rules for a block (its framework's settings), run with validation.
+    ``rollout_is``: the importance weights the host itself multiplies into every row's loss from its
+    ``rollout_log_probs`` (``"token"``: ``min(pi_old / pi_rollout, threshold)`` per token, verl's
+    ``algorithm.rollout_correction.rollout_is``; ``None``: none), which a replay method's correction relies on.
     """
 
     name: str
@@ -79,6 +83,7 @@ class HostDescription:
     processes: int = 1
     missing: Mapping[str, str] = field(default_factory=dict)
     check: HostCheck | None = field(default=None, compare=False)
+    rollout_is: str | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.capabilities) - set(CAPABILITIES)
@@ -113,7 +118,7 @@ class HostDescription:
                 "refill_policies": None if self.refill_policies is None else sorted(self.refill_policies),
                 "exhaust_policies": None if self.exhaust_policies is None else sorted(self.exhaust_policies),
                 "adv_estimator": self.adv_estimator, "group_size": self.group_size, "loss_agg": self.loss_agg,
-                "processes": self.processes}
+                "processes": self.processes, "rollout_is": self.rollout_is}
 
 
 #: The host of a block checked without one (``validate(block)``): every field, every capability.

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
     from .batch import Batch
     from .block import RefillConfig
+    from .components import ReplaySettings
     from .history import PromptHistory, PromptTable
+    from .replay import Replay
     from .visits import VisitClasses
 
 log = logging.getLogger("dataflex_bus")
@@ -56,6 +58,8 @@ class Runtime:
             log.warning("dataflex: %s", warning)
         self.prompt_table: PromptTable | None = None
         self.history: PromptHistory | None = None
+        #: The block's replay (its buffer), once the host gave its prompt table (:meth:`set_prompts`).
+        self.replay: Replay | None = None
         from .logs import get_logger
 
         # One short line; the full provenance goes to the host's run record (record()).
@@ -108,9 +112,27 @@ class Runtime:
             c.uses_history for m in self.pipeline.methods for c in (m.scorer, m.actuator))
 
     @property
+    def replays(self) -> bool:
+        """True when a method replays past rollouts (mechanism ``replay``: the runtime keeps their buffer)."""
+        return self._replay_method() is not None
+
+    @property
+    def replay_settings(self) -> ReplaySettings | None:
+        """What the block's replay method asks of the host (``None`` without one), known before
+        :meth:`set_prompts` (a host sizes its prompt fetches by ``fresh_fraction``)."""
+        method = self._replay_method()
+        return None if method is None else method.actuator.settings()
+
+    def _replay_method(self) -> Any:
+        if self.pipeline is None:
+            return None
+        found = [m for m in self.pipeline.methods if m.config.mechanism == "replay"]
+        return found[0] if found else None
+
+    @property
     def needs_prompt_ids(self) -> bool:
         """True when the host must give stable prompt ids (:meth:`set_prompts`, ``prompt_index``)."""
-        return self.selects_prompts or self.keeps_history
+        return self.selects_prompts or self.keeps_history or self.replays
 
     @property
     def max_oversample(self) -> float:
@@ -188,6 +210,11 @@ class Runtime:
         self.prompt_table = table
         if self.keeps_history:
             self.history = PromptHistory(table, self._visit_classes())
+        method = self._replay_method()
+        if method is not None:
+            from .replay import Replay
+
+            self.replay = Replay(method, table, self.host)
 
     def _visit_classes(self) -> VisitClasses | None:
         assert self.pipeline is not None
@@ -284,6 +311,8 @@ class Runtime:
         out: dict[str, Any] = {"pipeline": self.pipeline.state_dict() if self.pipeline else None}
         if self.history is not None:
             out["history"] = self.history.state_dict()
+        if self.replay is not None:
+            out["replay"] = self.replay.state_dict()
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -302,3 +331,12 @@ class Runtime:
                                           "history is kept"))
         if self.history is not None and history is not None:
             self.history.load_state_dict(history)
+        replay = state.get("replay")
+        if self.replays and self.replay is None:
+            raise ConfigError(ConfigIssue("dataflex", "the host restores a replay buffer before giving the runtime its "
+                                          "prompt table (Runtime.set_prompts)"))
+        if (replay is None) != (self.replay is None):
+            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a replay buffer is "
+                                          "kept"))
+        if self.replay is not None and replay is not None:
+            self.replay.load_state_dict(replay)

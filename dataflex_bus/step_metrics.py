@@ -11,8 +11,9 @@
   by domain.
 * ``compute/*``: cumulative counters, saved with every checkpoint: ``generated_rollouts``,
   ``generated_tokens``, ``generated_groups``, ``trained_rows``, ``trained_tokens``, ``trained_groups``,
-  ``dropped_rows`` (``generated_rollouts = trained_rows + dropped_rows``) and ``considered_prompts``
-  (every candidate a prompt selection looked at).
+  ``dropped_rows`` (``generated_rollouts = trained_rows - replayed_rows + dropped_rows``), ``considered_prompts``
+  (every candidate a prompt selection looked at) and ``replayed_rows`` (stored rows trained again: trained,
+  never generated, so a reading at equal generated rollouts credits reuse).
 * the methods' own metrics (``dataflex/...``, ``dataflex/<method>/...`` in a stack), ``dataflex/prompts_*``
   (:class:`~dataflex_bus.fill.PromptCounts`), ``dataflex/refill/*`` and ``dataflex/history/*``.
 
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
 
 #: The cumulative counters, in the order they are reported.
 COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens", "considered_prompts",
-            "generated_groups", "trained_groups", "dropped_rows")
+            "generated_groups", "trained_groups", "dropped_rows", "replayed_rows")
+#: Counters a checkpoint written before they existed lacks (read as 0).
+_LATER_COUNTERS = ("replayed_rows",)
 
 
 def row_metrics(prefix: str, rows: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor) -> dict[str, float]:
@@ -151,4 +154,4 @@ class Counters:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.skipped_updates = int(state["skipped_updates"])
-        self.values = {k: int(state[k]) for k in COUNTERS}
+        self.values = {k: int(state[k] if k not in _LATER_COUNTERS else state.get(k, 0)) for k in COUNTERS}

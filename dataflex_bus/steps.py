@@ -16,6 +16,10 @@ framework's step order, and calls these drivers at each point of a step::
     step.trained(...)                            # what the update trained on (counters, metrics)
     metrics = step.end(batch)                    # on_step_end (mixers), the history's step, every metric
 
+With a replay method (:mod:`dataflex_bus.replay`) the host also asks ``step.fresh_prompts(n)`` how many of the
+step's ``n`` prompts to generate (the rest come from the buffer), adds ``step.replay(fresh)``'s rows to the batch
+before its old log-probs, and after ``step.advantage`` hands the marked rows' fields to ``step.store``.
+
 A host whose framework generates by itself (verl's agent loop and replay buffer) calls only the parts it
 reaches: ``gen.add`` where its rollouts are rewarded, ``step.prompts`` where its prompts are fetched. The
 metric names are one namespace for every host (:mod:`dataflex_bus.step_metrics`).
@@ -39,12 +43,16 @@ from .carry import (
     sampling_probabilities,
 )
 from .decision import Decision
+from .errors import DataflexError
 from .fill import GroupFill, PromptCounts, PromptFill, kept_groups
+from .mechanisms.replay import VERSION_FIELD
 from .step_metrics import Counters, RolloutStats, trained_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from .decision import ReplayDecision
+    from .replay import Replayed
     from .runtime import Runtime
 
 T = TypeVar("T")
@@ -196,7 +204,12 @@ class Step:
         self.rollout = RolloutStats()
         self.generated_rows = 0
         self.trained_rows = 0
+        self.replayed_rows = 0
         self.skip_update = False
+        #: What the step replays (``Step.replay``) and what waits to be stored (``Step.advantage``).
+        self.replayed: Replayed | None = None
+        self._replay_plan: tuple[int, int] | None = None
+        self._to_store: tuple[Batch, ReplayDecision] | None = None
 
     # ------------------------------------------------------------------ prompts
     def domain_probabilities(self, domains: Sequence[str]) -> Tensor:
@@ -257,16 +270,102 @@ class Step:
         for key, value in self.runtime.record_rollouts(batch, self.index).items():
             self.metrics[key] = self.metrics.get(key, 0.0) + value
 
+    # ------------------------------------------------------------------ replay
+    def fresh_prompts(self, target: int) -> int:
+        """How many of the step's ``target`` prompts to generate: all of them, less the stored groups a replay
+        method puts in their place (unit ``group``, DOTS's fresh share; planned once per step)."""
+        replay = self.runtime.replay
+        if replay is None:
+            return target
+        if self._replay_plan is None:
+            self.metrics.update(replay.maintain(self.index))
+            self._replay_plan = (target, replay.plan(self.index, target))
+        elif self._replay_plan[0] != target:
+            raise ValueError(f"Step.fresh_prompts: step {self.index} was planned for {self._replay_plan[0]} prompts, "
+                             f"now asked for {target}")
+        fresh = target - self._replay_plan[1]
+        self.metrics["dataflex/replay/fresh_prompts"] = float(fresh)
+        return fresh
+
+    def replay(self, fresh: Batch) -> Replayed | None:
+        """The stored rows this step trains on again (``None``: none; the step trains fresh rows only, counted in
+        ``dataflex/replay/empty``), given the ``fresh`` rows it goes on with after the on_rollout carry-out (with
+        ``prompt_index``). Call it before the old log-probs: the host appends the rows (the shim:
+        :meth:`Replayed.append_to`; verl writes them to TransferQueue) so its old-log-prob, reference and
+        advantage passes see them."""
+        replay = self.runtime.replay
+        if replay is None:
+            return None
+        self.metrics.update(replay.maintain(self.index))
+        planned = 0 if self._replay_plan is None else self._replay_plan[1]
+        self.replayed, metrics = replay.retrieve(self.index, fresh, planned)
+        self.metrics.update(metrics)
+        return self.replayed
+
+    def _with_replay_fields(self, batch: Batch, replay_rows: Tensor | None) -> Batch:
+        """``batch`` with ``replay_version`` (the step each row was generated at) and, for a weighted pick,
+        ``replay_weight`` on every row; ``replay_rows``: each row's index in :attr:`replayed` (-1: fresh), else
+        the batch's own ``replay_row`` field, else every row fresh."""
+        if replay_rows is None:
+            replay_rows = batch.get("replay_row")
+        rows = torch.full((len(batch),), -1, dtype=torch.long) if replay_rows is None else replay_rows.to(torch.long)
+        rows = torch.where(batch.valid_rows, rows, -1)
+        version = torch.full((len(batch),), self.index, dtype=torch.long)
+        fields: dict[str, Tensor] = {}
+        rep = self.replayed
+        if bool((rows >= 0).any()):
+            if rep is None or int(rows.max()) >= len(rep):
+                raise DataflexError(f"dataflex replay: the on_advantage batch of step {self.index} names replayed rows "
+                                    "this step never replayed (Step.replay)")
+            mine = rows >= 0
+            version[mine] = rep.record.version[rows[mine]]
+            if rep.weights is not None:
+                weight = torch.ones(len(batch), dtype=torch.float32)
+                weight[mine] = rep.weights[rows[mine]]
+                fields["replay_weight"] = weight
+        fields[VERSION_FIELD] = version
+        return batch.with_fields(**fields)
+
+    def store(self, payload: Mapping[str, Tensor] | None = None, *, lengths: Mapping[str, Tensor] | None = None,
+              objects: Sequence[Any] | None = None) -> None:
+        """Store the rows the replay method marked at ``on_advantage`` (:attr:`AdvantageAction.store`): the
+        host's fields of exactly those rows, in batch order (``payload``: dense ``[n, w]``; ``lengths``: each row's
+        length per field, where the host needs it back; ``objects``: per-row values the host keeps beside). Without
+        ``payload`` they are read from the on_advantage batch (a host whose batch holds them, the shim)."""
+        replay = self.runtime.replay
+        pending = self._to_store
+        if replay is None or pending is None:
+            return
+        batch, decision = pending
+        self._to_store = None
+        if payload is None:
+            rows = decision.store & batch.valid_rows
+            names = replay.payload_fields if replay.payload_fields is not None else ()
+            payload = {name: batch[name][rows] for name in names}
+        self.metrics.update(replay.insert(batch, decision, self.index, payload, lengths, objects))
+
     # ------------------------------------------------------------------ advantage and update
     def advantage(self, batch: Batch, *, blocks: Tensor | None = None,
-                  block_multiple: int | None = None) -> AdvantageAction:
+                  block_multiple: int | None = None, replay_rows: Tensor | None = None) -> AdvantageAction:
         """``on_advantage`` emitted (when anyone listens) and carried out on ``batch`` (see
-        :func:`~dataflex_bus.carry.carry_out_advantage` for ``blocks``)."""
+        :func:`~dataflex_bus.carry.carry_out_advantage` for ``blocks``). With a replay method: ``replay_rows``
+        (long ``[B]``) is each row's index in :attr:`replayed` (-1: fresh; default the batch's ``replay_row``),
+        the replayed rows are corrected for being off-policy (:meth:`Replay.correct`) and
+        :attr:`AdvantageAction.store` marks the rows to hand to :meth:`store`."""
+        replay = self.runtime.replay
+        if replay is not None:
+            batch = self._with_replay_fields(batch, replay_rows)
         if not self.runtime.listens("on_advantage"):
             return AdvantageAction()
         decision = self.runtime.emit("on_advantage", batch, self.index)
         self.metrics.update(decision.metrics)
         action = carry_out_advantage(batch, decision, blocks=blocks, block_multiple=block_multiple)
+        if replay is not None:
+            if not action.skip_update:
+                action.fields.update(replay.correct(batch, action.fields.get("rollout_is_weights"), self.index))
+            if decision.replay is not None and bool(decision.replay.store.any()):
+                action.store = decision.replay.store
+                self._to_store = (batch, decision.replay)
         if blocks is not None:
             self.metrics["dataflex/empty_minibatches"] = float(action.empty_blocks)
             if action.empty_blocks:
@@ -275,21 +374,28 @@ class Step:
                 self.metrics["dataflex/removed_minibatch_rows"] = float(removed)
         return action
 
-    def trained(self, trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor) -> None:
+    def trained(self, trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor, *,
+                replayed: Tensor | None = None) -> None:
         """What the update trains on: ``trained`` (bool ``[B]``), each row's loss-mask ``tokens``, its reward,
-        response length and group index (``dataflex/trained/*``, ``compute/trained_*``)."""
+        response length and group index (``dataflex/trained/*``, ``compute/trained_*``); ``replayed`` (bool
+        ``[B]``): the rows a replay added (trained, not generated: ``compute/replayed_rows``)."""
         out = trained_metrics(trained, tokens, rewards, lengths, groups)
         self.metrics.update(out)
         rows = int(out["dataflex/trained/rows"])
+        again = 0 if replayed is None else int((trained & replayed).sum())
         self.trained_rows += rows
+        self.replayed_rows += again
         self.kit.counters.add(trained_rows=rows, trained_tokens=int(out["dataflex/trained/tokens"]),
-                              trained_groups=int(out["dataflex/trained/groups"]))
+                              trained_groups=int(out["dataflex/trained/groups"]), replayed_rows=again)
 
     def trained_batch(self, batch: Batch) -> None:
-        """:meth:`trained` for a host that trains on exactly the real rows of ``batch``."""
+        """:meth:`trained` for a host that trains on exactly the real rows of ``batch`` (its ``replay_row`` field,
+        where present, marks the replayed ones)."""
         mask = batch.get("loss_mask")
         tokens = (batch["response_mask"] if mask is None else mask).ne(0).sum(dim=1)
-        self.trained(batch.valid_rows & (tokens > 0), tokens, batch.rewards, batch.lengths, batch.group_index)
+        rows = batch.get("replay_row")
+        self.trained(batch.valid_rows & (tokens > 0), tokens, batch.rewards, batch.lengths, batch.group_index,
+                     replayed=None if rows is None else rows >= 0)
 
     def skipped(self) -> None:
         """The step's update was skipped (an empty selection, every mini-batch emptied, ...)."""
@@ -307,16 +413,23 @@ class Step:
             self.metrics.update(decision.metrics)
         else:
             runtime.end_step(self.index)
+        if self._to_store is not None:
+            raise DataflexError(f"dataflex replay: step {self.index} marked rows to store at on_advantage, but the "
+                                "host never handed them to Step.store")
         counters = self.kit.counters
         if self.skip_update:
             counters.skipped_updates += 1
-        counters.add(dropped_rows=self.generated_rows - self.trained_rows)
+        # Replayed rows are trained, not generated: the fresh rows trained are what generation paid for.
+        fresh_trained = self.trained_rows - self.replayed_rows
+        counters.add(dropped_rows=self.generated_rows - fresh_trained)
         out = {"dataflex/trained/rows": 0.0, "dataflex/trained/groups": 0.0, "dataflex/trained/tokens": 0.0,
                **self.metrics}
         out.update(self.rollout.metrics())
         if runtime.selects_prompts:
             out.update(self.prompt_counts.metrics())
-        out["dataflex/kept_fraction"] = self.trained_rows / self.generated_rows if self.generated_rows else 0.0
+        if runtime.replay is not None:
+            out["dataflex/replay/trained_rows"] = float(self.replayed_rows)
+        out["dataflex/kept_fraction"] = fresh_trained / self.generated_rows if self.generated_rows else 0.0
         out["dataflex/skipped_update"] = float(self.skip_update)
         out.update(counters.metrics())
         return out

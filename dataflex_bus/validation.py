@@ -233,6 +233,11 @@ def _check_refill(cfg: DataflexConfig, host: HostDescription, key: str) -> list[
         return [ConfigIssue(f"{key}.refill", f"host {host.name!r} cannot generate more prompts within a step"
                             f"{host.why_not('refill')}; remove dataflex.refill")]
     issues = []
+    for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
+        if not mechanism(method.mechanism).refill_compatible:
+            issues.append(ConfigIssue(f"{key}.refill", f"{mkey} (mechanism {method.mechanism!r}) decides how many "
+                                      "prompts a step generates, and so does dynamic sampling with refill: use one "
+                                      "of the two"))
     for name, value, allowed in (("policy", refill.policy, host.refill_policies),
                                  ("on_exhaust", refill.on_exhaust, host.exhaust_policies)):
         if allowed is not None and value not in allowed:

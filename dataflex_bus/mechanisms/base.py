@@ -104,7 +104,8 @@ class Mechanism:
     actuators subclass. ``per_block``: at most this many methods of a block may use it (``None``: any).
     ``during_warmup``: it runs before ``warmup_step`` too (a mixer gathers statistics). ``before_generation``:
     a ``pre_rollout`` scorer may feed it. ``drops_rows``: it may drop rows. ``samples_domains``: it publishes
-    the domain probabilities the host draws the next prompts from.
+    the domain probabilities the host draws the next prompts from. ``refill_compatible``: it may run beside
+    ``dataflex.refill``.
     """
 
     name: ClassVar[str] = ""
@@ -118,6 +119,8 @@ class Mechanism:
     before_generation: ClassVar[bool] = False
     drops_rows: ClassVar[bool] = False
     samples_domains: ClassVar[bool] = False
+    #: May run beside ``dataflex.refill`` (a mechanism that decides how many prompts a step generates may not).
+    refill_compatible: ClassVar[bool] = True
 
     def event(self, scorer: type[Scorer], actuator: type[Actuator]) -> str:
         """The bus event a method acts at: the latest of its scorer's timing and its actuator's earliest."""

@@ -230,6 +230,8 @@ def test_every_capability_the_host_lacks_is_refused_naming_the_host(host):
         "refill": CASES["refill-fixed"].block,
         "domain_sampling": CASES["mix"].block,
         "loss_weights": CASES["reweight"].block,
+        "replay": {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+                   "actuator": {"name": "rollout_replay", "params": {"fresh_fraction": 0.5}}},
     }
     assert set(blocks) == set(CAPABILITIES)
     for capability, description in host.lacking():

@@ -205,6 +205,20 @@ def max_variance_keep(values: Tensor, group_index: Tensor, num_groups: int, keep
 
     Cost: two stable sorts of ``B`` and O(B) tensor work; no per-group Python.
     """
+    if num_groups == 0:
+        return torch.zeros(values.shape[0], dtype=torch.bool)
+    sizes = segment_count(group_index, num_groups)
+    m = torch.clamp(torch.floor(keep_fraction * sizes.to(torch.float64) + 0.5).to(torch.long), min=1)
+    return max_variance_subsets(values, group_index, num_groups, torch.minimum(m, sizes))
+
+
+def max_variance_subsets(values: Tensor, group_index: Tensor, num_groups: int, m: Tensor, *,
+                         larger_sum_first: bool = False) -> Tensor:
+    """Bool ``[B]``: per group ``g`` the ``m[g]`` rows (``0 <= m[g] <=`` its size) whose values have maximal
+    variance: the ``a`` lowest plus the ``m - a`` highest of the best ``a``. Among equal variances the PODS scan
+    order wins (``a = 0``, then ``a = m, ..., 1``), or with ``larger_sum_first`` the subset with the larger sum
+    (the smallest ``a``, RePO's ``max_variance_k``). Within equal values the lowest rows are the earliest and
+    the highest the latest (stable order)."""
     b = values.shape[0]
     keep = torch.zeros(b, dtype=torch.bool)
     if num_groups == 0:
@@ -226,8 +240,6 @@ def max_variance_keep(values: Tensor, group_index: Tensor, num_groups: int, keep
     zero = x.new_zeros(1)
     p1 = torch.cat([zero, torch.cumsum(x, 0)])
     p2 = torch.cat([zero, torch.cumsum(x * x, 0)])
-    m = torch.clamp(torch.floor(keep_fraction * sizes.to(torch.float64) + 0.5).to(torch.long), min=1)
-    m = torch.minimum(m, sizes)
     # Candidates a = 0..m_g for every group g, flattened.
     reps = m + 1
     cand_g = torch.repeat_interleave(torch.arange(num_groups), reps)
@@ -240,16 +252,17 @@ def max_variance_keep(values: Tensor, group_index: Tensor, num_groups: int, keep
     total1 = (_at(p1, s + a) - _at(p1, s)) + (_at(p1, e) - _at(p1, e - h))
     total2 = (_at(p2, s + a) - _at(p2, s)) + (_at(p2, e) - _at(p2, e - h))
     # (m - 1) * unbiased variance: same ordering as the variance within a group (m is per group).
-    objective = total2 - total1 * total1 / mg.to(torch.float64)
+    objective = total2 - total1 * total1 / mg.clamp_min(1).to(torch.float64)
     best = segment_max(objective, cand_g, num_groups)
     scale = (_at(p2, starts + sizes) - _at(p2, starts)) + 1.0
     tie = objective >= _at(best - 1e-12 * scale, cand_g)
-    # Official scan order: a=0 first, then a=m, m-1, ..., 1; the first maximum wins.
-    rank = torch.where(a == 0, torch.zeros_like(a), mg - a + 1)
+    # Official scan order: a=0 first, then a=m, m-1, ..., 1; the first maximum wins. (Larger sum first: the
+    # sum of the a lowest and m - a highest falls as a grows, so a=0, 1, ... in turn.)
+    rank = a if larger_sum_first else torch.where(a == 0, torch.zeros_like(a), mg - a + 1)
     big = torch.full_like(rank, int(m.max()) + 2)
     # segment_min works in floats (its empty-segment fill is +inf); ranks are small exact integers.
     best_rank = segment_min(torch.where(tie, rank, big).to(torch.float64), cand_g, num_groups).to(torch.long)
-    a_best = torch.where(best_rank == 0, torch.zeros_like(m), m - best_rank + 1)
+    a_best = best_rank if larger_sum_first else torch.where(best_rank == 0, torch.zeros_like(m), m - best_rank + 1)
     ga, gm, gs = _at(a_best, g_sorted), _at(m, g_sorted), _at(sizes, g_sorted)
     kept_sorted = (pos < ga) | (pos >= gs - (gm - ga))
     keep.index_copy_(0, order, kept_sorted)

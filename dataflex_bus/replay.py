@@ -1,0 +1,707 @@
+"""Replay of past rollouts (mechanism ``replay``): the buffer the host kit keeps and what a step replays.
+
+A rollout, once generated, can train more than one update. Two pieces make that the same on every host:
+
+* :class:`ReplayStore`: a bounded, tensor-backed store of past rows (rollouts), one slot per row, keyed by the
+  prompt table's dense index. Per row it keeps the prompt, the stored group, the insertion order, the step the
+  row was generated at (the policy version), its reward, priority and advantage, its domain, its behaviour
+  log-probs ``mu`` (``rollout_log_probs`` when the host has them, else ``old_log_probs``) and the host's own
+  fields of the rollout (its *payload*: token ids, masks, ... as dense columns with each row's length, plus,
+  for a host that has them, per-row Python objects such as verl's non-tensor columns). Memory is bounded by
+  ``capacity`` rows times the widest row seen; integer columns are kept in the narrowest integer type that
+  holds their values (``nbytes``, ``benchmarks/bench_replay.py``). Padding rows never enter it. It is saved
+  with the runtime's state together with the prompt table's fingerprint, so a resume on another dataset is
+  refused (as the prompt history is) and a resumed run replays exactly what the uninterrupted one would.
+* :class:`Replay`: one run's replay (the replayer of the block's replay method, its store, the host): per step
+  it evicts stale and duplicate records, plans how many stored groups replace fresh ones (:meth:`Replay.plan`),
+  picks the rows a step replays (:meth:`Replay.retrieve`, before the old log-probs; the returned
+  :class:`Replayed` says which group each row trains in, per the advantage mode), stores what the method
+  marked at ``on_advantage`` (:meth:`Replay.insert`) and computes the off-policy correction of the replayed
+  rows (:meth:`Replay.correct`).
+
+The host kit's step drivers (:mod:`dataflex_bus.steps`: ``Step.fresh_prompts``, ``Step.replay``,
+``Step.advantage``, ``Step.store``) call these; a host only moves tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .batch import Batch
+from .components import ReplayPick, ReplayPool, ReplaySettings
+from .errors import BatchFieldError, ConfigError, ConfigIssue
+from .mechanisms.replay import VERSION_FIELD
+from .ops import segment_count, segment_max, segment_min
+
+if TYPE_CHECKING:
+    from .components import Replayer
+    from .decision import ReplayDecision
+    from .history import PromptTable
+    from .host import HostDescription
+
+#: Bound on ``|log pi_old - log mu|`` before exponentiating (verl's ``SAFETY_BOUND`` in rollout correction).
+LOG_RATIO_BOUND = 20.0
+#: The per-row columns of the store, with their dtypes (``mu`` and the payload are ``[C, width]``).
+_COLUMNS: dict[str, torch.dtype] = {"prompt": torch.long, "group": torch.long, "seq": torch.long,
+                                    "version": torch.long, "reward": torch.float32, "priority": torch.float32,
+                                    "advantage": torch.float32, "domain": torch.long, "length": torch.long}
+_INT_TYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _narrowest(t: Tensor) -> torch.dtype:
+    """The narrowest integer dtype holding every value of the integer tensor ``t`` (its own otherwise)."""
+    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
+        return t.dtype
+    lo, hi = (int(x) for x in torch.aminmax(t))
+    for dtype in _INT_TYPES:
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    return t.dtype
+
+
+def _wider(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    if a in _INT_TYPES and b in _INT_TYPES:
+        return _INT_TYPES[max(_INT_TYPES.index(a), _INT_TYPES.index(b))]
+    return torch.promote_types(a, b)
+
+
+def _pad_to(t: Tensor, width: int) -> Tensor:
+    """``t`` ``[n, w]`` right-padded with zeros to ``[n, width]`` (``w <= width``)."""
+    if t.shape[1] == width:
+        return t
+    return torch.cat([t, t.new_zeros((t.shape[0], width - t.shape[1], *t.shape[2:]))], dim=1)
+
+
+@dataclass
+class Record:
+    """Rows to store or stored rows read back, in row order: the kit's columns (see the module doc), ``mu``
+    ``[n, T]``, the host's ``payload`` (dense ``[n, w]`` per field; ``lengths[name]``: each row's length in it,
+    absent for a field whose rows are all full) and its per-row ``objects`` (``None``: the host has none)."""
+
+    prompt: Tensor
+    group: Tensor
+    version: Tensor
+    reward: Tensor
+    priority: Tensor
+    advantage: Tensor
+    domain: Tensor
+    length: Tensor
+    mu: Tensor
+    payload: dict[str, Tensor] = field(default_factory=dict)
+    lengths: dict[str, Tensor] = field(default_factory=dict)
+    objects: list[Any] | None = None
+    seq: Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.prompt.numel())
+
+
+class ReplayStore:
+    """The bounded store of past rows of one run (see the module doc). ``capacity``: rows at most (the oldest
+    groups are evicted first); ``per_prompt``: rows per prompt at most (the oldest rows of a prompt first; 0:
+    no bound)."""
+
+    def __init__(self, table: PromptTable, capacity: int, *, per_prompt: int = 0) -> None:
+        if capacity < 1:
+            raise ValueError(f"replay store capacity must be at least 1 row, got {capacity}")
+        self.table = table
+        self.capacity = int(capacity)
+        self.per_prompt = int(per_prompt)
+        self.columns = {name: torch.full((self.capacity,), -1, dtype=dtype) for name, dtype in _COLUMNS.items()}
+        self.mu = torch.zeros((self.capacity, 0), dtype=torch.float32)
+        self.payload: dict[str, Tensor] = {}
+        #: The dtype each payload field is handed back in (columns may be stored narrower).
+        self.dtypes: dict[str, torch.dtype] = {}
+        #: Payload fields given one value per row (``[n]``): stored as one column, handed back as ``[n]``.
+        self.scalars: set[str] = set()
+        self.lengths: dict[str, Tensor] = {}
+        self.objects: list[Any] | None = None
+        self.next_seq = 0
+        self.next_group = 0
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def occupied(self) -> Tensor:
+        """Bool ``[C]``: slots holding a row."""
+        return self.columns["prompt"] >= 0
+
+    def __len__(self) -> int:
+        return int(self.occupied.sum())
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.columns[name]
+
+    @property
+    def num_groups(self) -> int:
+        return int(torch.unique(self.columns["group"][self.occupied]).numel())
+
+    def nbytes(self) -> int:
+        """Bytes of every tensor the store holds (its bound: ``capacity`` x the widths seen)."""
+        tensors = [*self.columns.values(), self.mu, *self.payload.values(), *self.lengths.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def gather(self, slots: Tensor) -> Record:
+        """The rows in ``slots`` (long), in that order, payload in the dtypes it was given in."""
+        c = {name: col[slots] for name, col in self.columns.items()}
+        payload = {name: (col[slots, 0] if name in self.scalars else col[slots]).to(self.dtypes[name])
+                   for name, col in self.payload.items()}
+        lengths = {name: col[slots].to(torch.long) for name, col in self.lengths.items()}
+        objects = None if self.objects is None else [self.objects[i] for i in slots.tolist()]
+        return Record(prompt=c["prompt"], group=c["group"], version=c["version"], reward=c["reward"],
+                      priority=c["priority"], advantage=c["advantage"], domain=c["domain"], length=c["length"],
+                      mu=self.mu[slots], payload=payload, lengths=lengths, objects=objects, seq=c["seq"])
+
+    # ------------------------------------------------------------------ writing
+    def evict(self, slots: Tensor) -> int:
+        """Free the slots selected by ``slots`` (bool ``[C]``); returns how many held a row."""
+        slots = slots & self.occupied
+        count = int(slots.sum())
+        if count:
+            for col in self.columns.values():
+                col.masked_fill_(slots, -1)
+            if self.objects is not None:
+                for i in torch.nonzero(slots).flatten().tolist():
+                    self.objects[i] = None
+        return count
+
+    def evict_stale(self, step: int, max_age_steps: int) -> int:
+        """Evict rows generated more than ``max_age_steps`` steps before ``step`` (0: none)."""
+        if max_age_steps <= 0:
+            return 0
+        return self.evict(self.occupied & (self.columns["version"] < step - max_age_steps))
+
+    def dedup(self) -> int:
+        """Keep only each prompt's newest stored group (DOTS: the newest copy of a prompt)."""
+        occ = self.occupied
+        if not bool(occ.any()):
+            return 0
+        prompt, group = self.columns["prompt"], self.columns["group"]
+        newest = torch.full((len(self.table),), -1, dtype=torch.long)
+        newest.scatter_reduce_(0, prompt[occ], group[occ], "amax")
+        return self.evict(occ & (group != newest[prompt.clamp_min(0)]))
+
+    def insert(self, record: Record) -> dict[str, int]:
+        """Store ``record``'s rows (its ``group`` is a group id local to it; the store numbers groups itself),
+        evicting the oldest groups when full and the oldest rows of a prompt beyond ``per_prompt``."""
+        n = len(record)
+        out = {"inserted": 0, "evicted_capacity": 0, "evicted_per_prompt": 0, "truncated": 0}
+        if n == 0:
+            return out
+        order = torch.arange(n)
+        if n > self.capacity:
+            order = self._newest_groups(record.group, self.capacity)
+            out["truncated"] = n - int(order.numel())
+            n = int(order.numel())
+        free = int((~self.occupied).sum())
+        if free < n:
+            out["evicted_capacity"] = self._evict_oldest_groups(n - free)
+        slots = torch.nonzero(~self.occupied).flatten()[:n]
+        groups = torch.unique(record.group[order], return_inverse=True)[1] + self.next_group
+        self.next_group = int(groups.max()) + 1
+        for name in ("prompt", "version", "reward", "priority", "advantage", "domain", "length"):
+            self.columns[name][slots] = getattr(record, name)[order].to(_COLUMNS[name])
+        self.columns["group"][slots] = groups
+        self.columns["seq"][slots] = torch.arange(self.next_seq, self.next_seq + n)
+        self.next_seq += n
+        self.mu = self._fit(self.mu, record.mu[order], slots)
+        for name, value in record.payload.items():
+            self._put_payload(name, value[order], slots)
+        for name, value in record.lengths.items():
+            col = self.lengths.get(name)
+            if col is None:
+                col = self.lengths[name] = torch.zeros(self.capacity, dtype=torch.int32)
+            col[slots] = value[order].to(torch.int32)
+        if record.objects is not None:
+            if self.objects is None:
+                self.objects = [None] * self.capacity
+            for slot, i in zip(slots.tolist(), order.tolist()):
+                self.objects[slot] = record.objects[i]
+        out["inserted"] = n
+        if self.per_prompt > 0:
+            out["evicted_per_prompt"] = self._evict_per_prompt()
+        return out
+
+    @staticmethod
+    def _newest_groups(group: Tensor, room: int) -> Tensor:
+        """Rows (long, in order) of the newest whole groups of ``group`` that fit in ``room`` rows (a group
+        larger than the room: its last ``room`` rows)."""
+        uniq, inverse = torch.unique(group, return_inverse=True)
+        last = torch.full((uniq.numel(),), -1, dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(group.numel()), "amax")
+        newest_first = torch.argsort(last, descending=True)
+        sizes = segment_count(inverse, uniq.numel())[newest_first]
+        fits = newest_first[torch.cumsum(sizes, 0) <= room]
+        if fits.numel() == 0:
+            return torch.arange(group.numel() - room, group.numel())
+        return torch.nonzero(torch.isin(inverse, fits)).flatten()
+
+    def _evict_oldest_groups(self, rows: int) -> int:
+        """Free at least ``rows`` slots by evicting the oldest stored groups, whole."""
+        occ = torch.nonzero(self.occupied).flatten()
+        oldest = occ[torch.argsort(self.columns["seq"][occ])][:rows]
+        groups = torch.unique(self.columns["group"][oldest])
+        return self.evict(self.occupied & torch.isin(self.columns["group"], groups))
+
+    def _evict_per_prompt(self) -> int:
+        occ = torch.nonzero(self.occupied).flatten()
+        prompt, seq = self.columns["prompt"][occ], self.columns["seq"][occ]
+        # Newest first within each prompt: sort by seq descending, then stably by prompt.
+        by_seq = torch.argsort(seq, descending=True)
+        order = by_seq[torch.sort(prompt[by_seq], stable=True).indices]
+        p = prompt[order]
+        counts = torch.unique_consecutive(p, return_counts=True)[1]
+        starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        rank = torch.arange(p.numel()) - starts
+        drop = torch.zeros(self.capacity, dtype=torch.bool)
+        drop[occ[order[rank >= self.per_prompt]]] = True
+        return self.evict(drop)
+
+    def _fit(self, column: Tensor, value: Tensor, slots: Tensor) -> Tensor:
+        """``column[slots] = value``, widening the column (or padding the value) to the wider of the two."""
+        width = max(column.shape[1], value.shape[1])
+        if column.shape[1] < width:
+            column = _pad_to(column, width)
+        column[slots] = _pad_to(value.to(column.dtype), width)
+        return column
+
+    def _put_payload(self, name: str, value: Tensor, slots: Tensor) -> None:
+        if value.dim() < 2:
+            self.scalars.add(name)
+            value = value[:, None]
+        given = self.dtypes.setdefault(name, value.dtype)
+        if given != value.dtype:
+            raise BatchFieldError("dataflex replay", name, f"stored as {given}, now given as {value.dtype}")
+        col = self.payload.get(name)
+        narrow = _narrowest(value)
+        if col is None:
+            col = torch.zeros((self.capacity, value.shape[1], *value.shape[2:]), dtype=narrow)
+        elif _wider(col.dtype, narrow) != col.dtype:
+            col = col.to(_wider(col.dtype, narrow))
+        self.payload[name] = self._fit(col, value, slots)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The occupied slots and their rows (compact), the counters and the prompt table's fingerprint."""
+        occ = torch.nonzero(self.occupied).flatten()
+        return {
+            "table": self.table.fingerprint(), "capacity": self.capacity, "per_prompt": self.per_prompt,
+            "slots": occ.clone(), "columns": {k: v[occ].clone() for k, v in self.columns.items()},
+            "mu": self.mu[occ].clone(), "payload": {k: v[occ].clone() for k, v in self.payload.items()},
+            "dtypes": {k: str(v).removeprefix("torch.") for k, v in self.dtypes.items()},
+            "scalars": sorted(self.scalars),
+            "lengths": {k: v[occ].clone() for k, v in self.lengths.items()},
+            "objects": None if self.objects is None else [self.objects[i] for i in occ.tolist()],
+            "next_seq": self.next_seq, "next_group": self.next_group,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.table.check_saved(state.get("table"), "the replay buffer")
+        slots = state["slots"].to(torch.long)
+        if state["capacity"] != self.capacity or state["per_prompt"] != self.per_prompt:
+            raise ConfigError(ConfigIssue("dataflex", f"the replay buffer in the checkpoint holds {state['capacity']} "
+                                          f"rows ({state['per_prompt']} per prompt); this run's holds {self.capacity} "
+                                          f"({self.per_prompt})"))
+        if slots.numel() and int(slots.max()) >= self.capacity:
+            raise ConfigError(ConfigIssue("dataflex", "the replay buffer in the checkpoint is damaged (slot out of "
+                                          "range)"))
+        self.__init__(self.table, self.capacity, per_prompt=self.per_prompt)  # type: ignore[misc]
+        for name, value in state["columns"].items():
+            self.columns[name][slots] = value.to(_COLUMNS[name])
+        mu = state["mu"]
+        self.mu = torch.zeros((self.capacity, mu.shape[1]), dtype=torch.float32)
+        self.mu[slots] = mu
+        self.dtypes = {k: getattr(torch, v) for k, v in state["dtypes"].items()}
+        self.scalars = set(state.get("scalars", ()))
+        for name, value in state["payload"].items():
+            col = torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype)
+            col[slots] = value
+            self.payload[name] = col
+        for name, value in state["lengths"].items():
+            col = torch.zeros(self.capacity, dtype=torch.int32)
+            col[slots] = value
+            self.lengths[name] = col
+        if state["objects"] is not None:
+            self.objects = [None] * self.capacity
+            for slot, obj in zip(slots.tolist(), state["objects"]):
+                self.objects[slot] = obj
+        self.next_seq, self.next_group = int(state["next_seq"]), int(state["next_group"])
+
+
+# ---------------------------------------------------------------------------- a step's replay
+@dataclass
+class Replayed:
+    """The stored rows a step trains on again, in training order: their ``record`` and the group each trains
+    in: ``join[i]`` is the fresh group (index into the fresh batch's groups) row ``i`` joins (``mixed``), else
+    -1 and ``block[i]`` (0, 1, ...) numbers the new groups the other replayed rows form. ``weights``: per-row
+    importance weights of a non-uniform pick (``None``: none)."""
+
+    record: Record
+    join: Tensor
+    block: Tensor
+    weights: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.record)
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.block.max()) + 1 if bool((self.block >= 0).any()) else 0
+
+    def group_ids(self, fresh_groups: int) -> Tensor:
+        """Long ``[m]``: each replayed row's group among a batch whose first ``fresh_groups`` groups are the fresh
+        ones (joined rows take their fresh group, the new groups follow)."""
+        return torch.where(self.join >= 0, self.join, fresh_groups + self.block)
+
+    def append_to(self, fresh: Batch) -> Batch:
+        """``fresh`` with the replayed rows appended (a host whose batch holds the payload fields, the shim):
+        groups per :meth:`group_ids`, ``rollout_log_probs`` the stored ``mu``, ``prompt_index``, domains, and
+        ``replay_row`` (the row's index in this replay, -1 on fresh rows) on every row."""
+        rec = self.record
+        m, n = len(rec), len(fresh)
+        fields = {}
+        for name, value in fresh.fields.items():
+            if name == "rollout_log_probs":
+                fields[name] = torch.cat([value, _pad_to(rec.mu, value.shape[1])[:, :value.shape[1]].to(value.dtype)])
+            elif name == "prompt_index":
+                fields[name] = torch.cat([value, rec.prompt.to(value.dtype)])
+            elif name in rec.payload:
+                stored = rec.payload[name]
+                if stored.shape[1:] != value.shape[1:]:
+                    raise BatchFieldError("dataflex replay", name, f"stored rows are {tuple(stored.shape[1:])} wide, "
+                                          f"this step's {tuple(value.shape[1:])}: the host must keep the field's width")
+                fields[name] = torch.cat([value, stored.to(value.dtype)])
+            else:
+                raise BatchFieldError("dataflex replay", name, "this step's rows hold a field the stored rows lack")
+        fields["replay_row"] = torch.cat([torch.full((n,), -1, dtype=torch.long), torch.arange(m)])
+        groups = torch.cat([fresh.group_index, self.group_ids(fresh.num_groups)])
+        domains = None
+        if fresh.domain_ids is not None:
+            domains = torch.cat([fresh.domain_index.clamp_min(0), rec.domain.clamp_min(0)])
+        return Batch.from_tensors(uid=groups, domains=domains, domain_names=fresh.domain_names or None,
+                                  is_padding=torch.cat([fresh.is_padding, torch.zeros(m, dtype=torch.bool)]),
+                                  **fields)
+
+
+class Replay:
+    """One run's replay: the block's replay method (its replayer's :class:`ReplaySettings`), the store over
+    the host's prompt table and what the host itself corrects (see the module doc)."""
+
+    def __init__(self, method: Any, table: PromptTable, host: HostDescription) -> None:
+        self.method = method
+        replayer: Replayer = method.actuator
+        self.replayer = replayer
+        self.settings: ReplaySettings = replayer.settings()
+        s = self.settings
+        self.store = ReplayStore(table, s.capacity, per_prompt=s.per_prompt)
+        #: The host weights every row by min(pi_old / rollout_log_probs, threshold) itself (verl's
+        #: rollout_correction.rollout_is=token, checked to be is_cap by the host's rules).
+        self.host_weights = getattr(host, "rollout_is", None) == "token"
+        self.payload_fields: tuple[str, ...] | None = None
+        self._maintained = -1
+        self.warned_nonfinite = 0
+
+    # ------------------------------------------------------------------ before generation
+    def maintain(self, step: int) -> dict[str, float]:
+        """Once per step, before anything is planned or picked: stale records and older copies of a prompt
+        (``dedup``) leave the store."""
+        if self._maintained == step:
+            return {}
+        self._maintained = step
+        s = self.settings
+        out = {"dataflex/replay/evicted_stale": float(self.store.evict_stale(step, s.max_age_steps))}
+        if s.dedup:
+            out["dataflex/replay/evicted_duplicates"] = float(self.store.dedup())
+        return out
+
+    def plan(self, step: int, target: int) -> int:
+        """Unit ``group``: the stored groups that replace fresh ones in a step of ``target`` groups (0 for unit
+        ``prompt``, whose replayed rows are added to the step's own prompts)."""
+        if self.settings.unit != "group":
+            return 0
+        available = self.store.num_groups
+        planned = int(self.replayer.replay_groups(target, available, step))
+        if not 0 <= planned <= min(available, target):
+            raise BatchFieldError(self.replayer.who, "replay_groups", f"planned {planned} groups of {available} stored "
+                                  f"for a step of {target}")
+        return planned
+
+    # ------------------------------------------------------------------ before the old log-probs
+    def retrieve(self, step: int, fresh: Batch, planned: int) -> tuple[Replayed | None, dict[str, float]]:
+        """The stored rows the step ``step`` trains on again, given its ``fresh`` rows (after the on_rollout
+        carry-out, with ``prompt_index``) and the groups :meth:`plan` planned."""
+        self.payload_fields = tuple(n for n in fresh.fields if n not in ("rollout_log_probs", "prompt_index"))
+        metrics = {"dataflex/replay/stored_rows": float(len(self.store))}
+        pool, slots, request = self._pool(step, fresh, planned)
+        picked = None
+        if pool is not None:
+            pick = self.method.call("actuator", self.replayer.pick, pool, step)
+            picked = self._checked(pick, pool)
+            metrics.update({f"dataflex/replay/{k}": float(v) for k, v in pick.metrics.items()})
+        if picked is None or picked[0].numel() == 0:
+            metrics.update({"dataflex/replay/rows": 0.0, "dataflex/replay/groups": 0.0, "dataflex/replay/empty": 1.0})
+            return None, metrics
+        rows, weights = picked
+        record = self.store.gather(slots[rows])
+        join, block = self._groups(record, fresh, request[rows] if request is not None else None)
+        singleton = self._singletons(join, block)
+        if bool(singleton.any()):
+            # A new group of one row has advantage 0 under GRPO (RePO: R = 1 gives A_off = 0): it would train
+            # nothing and only add its tokens to token-mean denominators, so it is not replayed.
+            metrics["dataflex/replay/singletons"] = float(singleton.sum())
+            keep = torch.nonzero(~singleton).flatten()
+            record = _take(record, keep)
+            join, weights = join[keep], None if weights is None else weights[keep]
+            block = torch.unique(block[keep], return_inverse=True)[1] if keep.numel() else block[keep]
+            block = torch.where(join >= 0, -1, block)
+        if len(record) == 0:
+            metrics.update({"dataflex/replay/rows": 0.0, "dataflex/replay/groups": 0.0, "dataflex/replay/empty": 1.0})
+            return None, metrics
+        out = Replayed(record, join, block, weights)
+        age = (step - record.version).to(torch.float64)
+        metrics.update({"dataflex/replay/rows": float(len(record)), "dataflex/replay/empty": 0.0,
+                        "dataflex/replay/groups": float(out.num_blocks + int(torch.unique(join[join >= 0]).numel())),
+                        "dataflex/replay/age_mean": float(age.mean()), "dataflex/replay/age_max": float(age.max())})
+        if out.num_blocks:
+            # New groups whose stored rewards are all equal: GRPO gives them advantage 0 (no gradient, only
+            # tokens in the token-mean denominators).
+            k = out.num_blocks
+            r = record.reward.to(torch.float64)
+            flat = segment_min(r, block, k) == segment_max(r, block, k)
+            metrics["dataflex/replay/zero_signal_groups"] = float(flat.sum()) / k
+        return out, metrics
+
+    def _pool(self, step: int, fresh: Batch, planned: int) -> tuple[ReplayPool | None, Tensor, Tensor | None]:
+        """The pool a replayer picks from, the store slot of each pool row and (unit ``prompt``) each pool row's
+        requesting fresh group."""
+        s, store = self.settings, self.store
+        occ = torch.nonzero(store.occupied).flatten()
+        if occ.numel() == 0:
+            return None, occ, None
+        col = store.columns
+        if s.unit == "group":
+            if planned <= 0:
+                return None, occ, None
+            # Segments: stored groups, oldest first; rows within a group in insertion order.
+            slots = occ[torch.argsort(col["seq"][occ])]
+            segment = torch.unique(col["group"][slots], return_inverse=True)[1]
+            num = int(segment.max()) + 1
+            want = torch.ones(num, dtype=torch.long)
+            request = None
+            groups = planned
+        else:
+            if not fresh.has("prompt_index"):
+                raise BatchFieldError("dataflex replay", "prompt_index", "the host gave no prompt ids with the fresh "
+                                      "rows; per-prompt replay cannot find their stored rows")
+            requested = _group_prompts(fresh)  # [G]: each fresh group's prompt (-1 for a repeat in the step)
+            position = torch.full((len(store.table),), -1, dtype=torch.long)
+            asked = requested >= 0
+            position[requested[asked]] = torch.nonzero(asked).flatten()
+            where = position[col["prompt"][occ]]
+            slots = occ[where >= 0]
+            if slots.numel() == 0:
+                return None, slots, None
+            fresh_group = position[col["prompt"][slots]]
+            # Segments in the order of the fresh groups asking; rows of a prompt oldest first.
+            order = torch.argsort(col["seq"][slots])
+            order = order[torch.sort(fresh_group[order], stable=True).indices]
+            slots, fresh_group = slots[order], fresh_group[order]
+            segment = torch.unique_consecutive(fresh_group, return_inverse=True)[1]
+            num = int(segment.max()) + 1
+            counts = segment_count(segment, num)
+            want = torch.where(counts >= s.min_to_replay, torch.clamp(counts, max=s.replays), 0)
+            if not bool((want > 0).any()):
+                return None, slots, None
+            request = fresh_group
+            groups = 0
+        pool = ReplayPool(segment=segment, num_segments=num, want=want, groups=groups,
+                          reward=col["reward"][slots].clone(), priority=col["priority"][slots].clone(),
+                          seq=col["seq"][slots].clone(), age=(step - col["version"][slots]).clone())
+        return pool, slots, request
+
+    def _checked(self, pick: ReplayPick, pool: ReplayPool) -> tuple[Tensor, Tensor | None]:
+        who = self.replayer.who
+        rows = pick.rows
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype.is_floating_point:
+            raise BatchFieldError(who, "pick.rows", "expected a 1-D integer tensor of pool rows")
+        rows = rows.to(torch.long)
+        n = pool.segment.numel()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+            raise BatchFieldError(who, "pick.rows", f"indices must lie in [0, {n})")
+        if torch.unique(rows).numel() != rows.numel():
+            raise BatchFieldError(who, "pick.rows", "picked a stored row twice")
+        got = segment_count(pool.segment[rows], pool.num_segments)
+        if self.settings.unit == "prompt":
+            if bool((got > pool.want).any()):
+                raise BatchFieldError(who, "pick.rows", "picked more rows of a prompt than ReplayPool.want allows")
+        else:
+            sizes = segment_count(pool.segment, pool.num_segments)
+            if bool(((got != 0) & (got != sizes)).any()) or int((got > 0).sum()) > pool.groups:
+                raise BatchFieldError(who, "pick.rows", f"must pick whole stored groups, {pool.groups} at most")
+        weights = pick.weights
+        if weights is not None:
+            if tuple(weights.shape) != (rows.numel(),) or not bool(torch.isfinite(weights).all()) or bool(
+                    (weights < 0).any()):
+                raise BatchFieldError(who, "pick.weights", "expected one finite non-negative weight per picked row")
+            weights = weights.to(torch.float32)
+        return rows, weights
+
+    def _groups(self, record: Record, fresh: Batch, requested_by: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Per the advantage mode: the fresh group each replayed row joins (-1: none) and the new group the
+        others form (-1 for joined rows), numbered in order of first appearance."""
+        mode = self.settings.advantage
+        m = len(record)
+        join = torch.full((m,), -1, dtype=torch.long)
+        if mode == "mixed":
+            if requested_by is not None:
+                join = requested_by.clone()
+            else:
+                first = torch.full((len(self.store.table),), -1, dtype=torch.long)
+                prompts = _group_prompts(fresh)
+                seen = prompts >= 0
+                first[prompts[seen]] = torch.nonzero(seen).flatten()
+                join = first[record.prompt]
+        key = record.group if mode == "own_group" else record.prompt
+        key = torch.where(join >= 0, torch.full_like(key, -1), key)
+        block = torch.full((m,), -1, dtype=torch.long)
+        rest = join < 0
+        if bool(rest.any()):
+            uniq, inverse = torch.unique(key[rest], return_inverse=True)
+            # Number the new groups in order of first appearance (training order), not by key.
+            first_pos = torch.full((uniq.numel(),), m, dtype=torch.long).scatter_reduce(
+                0, inverse, torch.arange(int(rest.sum())), "amin")
+            rank = torch.empty_like(first_pos)
+            rank[torch.argsort(first_pos)] = torch.arange(uniq.numel())
+            block[rest] = rank[inverse]
+        return join, block
+
+    @staticmethod
+    def _singletons(join: Tensor, block: Tensor) -> Tensor:
+        """Bool ``[m]``: rows alone in their new group."""
+        rest = block >= 0
+        if not bool(rest.any()):
+            return torch.zeros_like(rest)
+        sizes = segment_count(torch.where(rest, block, -1), int(block.max()) + 1)
+        return rest & (sizes[block.clamp_min(0)] == 1)
+
+    # ------------------------------------------------------------------ at on_advantage
+    def insert(self, batch: Batch, decision: ReplayDecision, step: int, payload: Mapping[str, Tensor],
+               lengths: Mapping[str, Tensor] | None = None,
+               objects: Sequence[Any] | None = None) -> dict[str, float]:
+        """Store the rows ``decision.store`` marks in ``batch`` (the on_advantage batch), with the host's
+        ``payload`` for exactly those rows, in batch order. Rows whose behaviour log-probs are not finite on
+        their response tokens are not stored (counted)."""
+        rows = torch.nonzero(decision.store & batch.valid_rows).flatten()
+        mu_all = batch["rollout_log_probs"] if batch.has("rollout_log_probs") else batch["old_log_probs"]
+        n = int(rows.numel())
+        for name, value in payload.items():
+            if value.shape[0] != n:
+                raise BatchFieldError("dataflex replay", name, f"the host stored {value.shape[0]} rows, the method "
+                                      f"marked {n}")
+        if objects is not None and len(objects) != n:
+            raise BatchFieldError("dataflex replay", "objects", f"{len(objects)} for {n} rows")
+        mask = batch.token_mask[rows]
+        mu = torch.where(mask, mu_all[rows].to(torch.float32), 0.0)
+        finite = torch.isfinite(mu).all(dim=1)
+        out = {"dataflex/replay/nonfinite_rows": float((~finite).sum())}
+        if not bool(finite.all()):
+            self.warned_nonfinite += 1
+            k = self.warned_nonfinite
+            if k & (k - 1) == 0:
+                import logging
+
+                logging.getLogger("dataflex_bus").warning(
+                    "dataflex replay: %d row(s) at step %d have non-finite behaviour log-probs (%s) on response "
+                    "tokens; they are trained fresh but not stored (counted in dataflex/replay/nonfinite_rows)",
+                    int((~finite).sum()), step, "rollout_log_probs" if batch.has("rollout_log_probs") else
+                    "old_log_probs")
+        keep = torch.nonzero(finite).flatten()
+        r = rows[keep]
+        adv = batch["advantages"][r].to(torch.float32)
+        tokens = mask[keep]
+        advantage = torch.where(tokens, adv, 0.0).sum(1) / tokens.sum(1).clamp_min(1)
+        record = Record(prompt=batch["prompt_index"][r].to(torch.long), group=batch.group_index[r],
+                        version=torch.full((r.numel(),), step, dtype=torch.long), reward=batch.rewards[r],
+                        priority=decision.priority[r], advantage=advantage, domain=batch.domain_index[r],
+                        length=batch.lengths[r], mu=mu[keep],
+                        payload={k: v[keep] for k, v in payload.items()},
+                        lengths={k: v[keep] for k, v in (lengths or {}).items()},
+                        objects=None if objects is None else [objects[i] for i in keep.tolist()])
+        counts = self.store.insert(record)
+        out.update({f"dataflex/replay/{k}_rows": float(v) for k, v in counts.items()})
+        out["dataflex/replay/stored_rows"] = float(len(self.store))
+        return out
+
+    def correct(self, batch: Batch, weights: Tensor | None, step: int) -> dict[str, Tensor]:
+        """The fields that correct the replayed rows of ``batch`` (the on_advantage batch, ``replay_version``
+        on every row) for being off-policy, composed with ``weights`` (what the decision wrote so far, else the
+        batch's own ``rollout_is_weights``): ``decoupled`` multiplies every real row's weights by ``min(exp(
+        old_log_probs - rollout_log_probs), is_cap)`` unless the host does it itself; ``behaviour`` sets the
+        replayed rows' ``old_log_probs`` to their stored ``rollout_log_probs``; ``off_policy_coef`` and a
+        pick's importance weights scale the replayed rows."""
+        s = self.settings
+        replayed = batch.valid_rows & (batch[VERSION_FIELD] < step)
+        out: dict[str, Tensor] = {}
+        factor = torch.ones(batch["response_mask"].shape, dtype=torch.float32)
+        changed = False
+        if s.correction == "decoupled" and not self.host_weights:
+            log_ratio = (batch["old_log_probs"].to(torch.float32) - batch["rollout_log_probs"].to(torch.float32))
+            ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)).clamp(max=s.is_cap)
+            factor = torch.where(batch.token_mask, ratio, factor)
+            changed = True
+        if s.correction == "behaviour" and bool(replayed.any()):
+            old = batch["old_log_probs"]
+            out["old_log_probs"] = torch.where(replayed[:, None], batch["rollout_log_probs"].to(old.dtype), old)
+        row = torch.ones(len(batch), dtype=torch.float32)
+        if s.off_policy_coef != 1.0:
+            row = torch.where(replayed, s.off_policy_coef, row)
+        if batch.has("replay_weight"):
+            row = row * batch["replay_weight"].to(torch.float32)
+        if bool((row != 1).any()):
+            factor = factor * row[:, None]
+            changed = True
+        if changed:
+            base = weights if weights is not None else batch.get("rollout_is_weights")
+            out["rollout_is_weights"] = factor if base is None else base.to(torch.float32) * factor
+        return out
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"store": self.store.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.store.load_state_dict(state["store"])
+
+
+def _group_prompts(batch: Batch) -> Tensor:
+    """Long ``[G]``: each group's prompt (its first row's ``prompt_index``), -1 for a group whose prompt an
+    earlier group of the batch has already."""
+    g = batch.num_groups
+    gi = batch.group_index
+    first = torch.full((g,), len(batch), dtype=torch.long).scatter_reduce(
+        0, gi.clamp_min(0)[batch.valid_rows], torch.nonzero(batch.valid_rows).flatten(), "amin")
+    prompts = batch["prompt_index"].to(torch.long)[first.clamp_max(len(batch) - 1)]
+    # A prompt drawn twice in one step (the shim samples with replacement) asks once, by its first group.
+    order = torch.sort(prompts, stable=True).indices
+    repeat = torch.zeros(g, dtype=torch.bool)
+    repeat[order[1:]] = prompts[order[1:]] == prompts[order[:-1]]
+    return torch.where(repeat, -1, prompts)
+
+
+def _take(record: Record, keep: Tensor) -> Record:
+    """The rows ``keep`` (long) of ``record``."""
+    return Record(prompt=record.prompt[keep], group=record.group[keep], version=record.version[keep],
+                  reward=record.reward[keep], priority=record.priority[keep], advantage=record.advantage[keep],
+                  domain=record.domain[keep], length=record.length[keep], mu=record.mu[keep],
+                  payload={k: v[keep] for k, v in record.payload.items()},
+                  lengths={k: v[keep] for k, v in record.lengths.items()},
+                  objects=None if record.objects is None else [record.objects[i] for i in keep.tolist()],
+                  seq=None if record.seq is None else record.seq[keep])
+
+
+__all__ = ["Record", "Replay", "ReplayStore", "Replayed"]
