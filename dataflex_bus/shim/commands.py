@@ -104,6 +104,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"final reward per domain: {per}")
         print(f"kept fraction {s.get('dataflex/kept_fraction', 1.0):.3f} (rows trained / rows generated), "
               f"{int(s.get('dataflex/skipped_updates', 0))} of {len(result.metrics)} updates skipped")
+        if s.get("compute/replayed_rows"):
+            print(f"replayed rows trained again: {int(s['compute/replayed_rows'])} (not generated: "
+                  "compute/replayed_rows)")
         evals = [m for m in result.metrics if "eval/heldout/learnable" in m]
         if evals:
             print(f"held-out accuracy on learnable domains: {evals[0]['eval/heldout/learnable']:.3f} (step "

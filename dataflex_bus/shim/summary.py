@@ -8,7 +8,8 @@ import math
 def summarize(metrics: list[dict[str, float]], domains: list[str], tail: int | None = None) -> dict[str, float]:
     """Mean over the last ``tail`` steps (10%, at least 1) of the reward metrics, the last eval
     accuracies, the last domain probabilities, and over the whole run: the kept fraction (rows that
-    entered an update / rows generated, from the compute counters) and the skipped updates."""
+    entered an update / rows generated, from the compute counters; rows a replay trained again are not
+    counted, being trained but not generated, and are reported beside) and the skipped updates."""
     if not metrics:
         return {}
     tail = tail or max(1, len(metrics) // 10)
@@ -27,7 +28,11 @@ def summarize(metrics: list[dict[str, float]], domains: list[str], tail: int | N
     final = metrics[-1]
     generated = final.get("compute/generated_rollouts", 0.0)
     if generated:
-        out["dataflex/kept_fraction"] = final.get("compute/trained_rows", 0.0) / generated
+        # Rows a replay trained again were not generated: the kept fraction is of the generated rows.
+        fresh = final.get("compute/trained_rows", 0.0) - final.get("compute/replayed_rows", 0.0)
+        out["dataflex/kept_fraction"] = fresh / generated
+        if final.get("compute/replayed_rows"):
+            out["compute/replayed_rows"] = final["compute/replayed_rows"]
     if "dataflex/skipped_updates" in final:
         out["dataflex/skipped_updates"] = final["dataflex/skipped_updates"]
     for d in domains:

@@ -138,7 +138,8 @@ class ShimTrainer:
         """The step's generation through the host kit: every row generated, the rows to go on with, and
         whether to skip the update. With ``dataflex.refill``, rounds until the on_rollout selection kept a
         full batch."""
-        gen = step.generation(self.t["prompts_per_step"])
+        # A replay method may fill part of the step from its buffer (DOTS's fresh share): fewer prompts generated.
+        gen = step.generation(step.fresh_prompts(self.t["prompts_per_step"]))
         rounds: list[Batch] = []
         while (n := gen.request()) > 0:
             batch = self._rollout(self._join(step.prompts(n, lambda k: self._candidates(probs, k))))
@@ -191,12 +192,19 @@ class ShimTrainer:
         generated, batch, skip = self._generate_step(step, probs)
         metrics["time/generate_s"] = time.perf_counter() - started
         self._learnable_reward(generated, metrics)
+        if not skip:
+            # Stored rows of past steps join before the old log-probs, which are computed for them too.
+            replayed = step.replay(batch)
+            if replayed is not None:
+                batch = replayed.append_to(batch)
 
         tick = time.perf_counter()
         batch = self._advantages(batch)
         metrics["time/logprob_s"] = time.perf_counter() - tick
 
-        batch, skipped = apply_advantage(batch, step.advantage(batch))
+        action = step.advantage(batch)
+        step.store()  # the rows a replay method marked (their fields are all in this batch)
+        batch, skipped = apply_advantage(batch, action)
         skip = skip or skipped or len(batch) == 0
         tick = time.perf_counter()
         if skip:
