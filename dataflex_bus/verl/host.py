@@ -27,6 +27,7 @@ WEIGHT_IGNORING_LOSSES = frozenset({"bypass_mode"})
 #: verl policy losses that collapse per-token weights to a per-sequence geometric mean.
 WEIGHT_COLLAPSING_LOSSES = frozenset({"geo_mean"})
 WEIGHT_LOSSES = ["vanilla", "gspo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "dro", "cispo"]
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 
 
 def select(config: Any, path: str, default: Any = None) -> Any:
@@ -108,12 +109,20 @@ def describe(config: Any) -> HostDescription:
         capabilities.discard("refill")
         missing["refill"] = (f"refill runs through verl's synchronous replay buffer; trainer mode {mode!r} uses the "
                              "asynchronous one: set trainer.v1.trainer_mode=dataflex_sync")
+        # Replayed rows are written into the step's batch between its sample and its old-log-prob pass, which
+        # the asynchronous modes run on rollouts generated ahead under several policies.
+        capabilities.discard("replay")
+        missing["replay"] = (f"the adapter replays in the synchronous trainer only (trainer mode {mode!r}): set "
+                             "trainer.v1.trainer_mode=dataflex_sync")
+    rollout_is = select(config, f"{ROLLOUT_CORRECTION}.rollout_is")
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
                            group_size=n, loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
                                                              "token-mean")),
-                           missing=missing, check=lambda cfg, key: block_issues(config, cfg, key))
+                           missing=missing, check=lambda cfg, key: block_issues(config, cfg, key),
+                           rollout_is=None if rollout_is is None or bool(
+                               select(config, f"{ROLLOUT_CORRECTION}.bypass_mode", False)) else str(rollout_is))
 
 
 def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
@@ -153,6 +162,7 @@ def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> lis
             issues.append(ConfigIssue(f"{key}.refill.gen_batch_size", f"verl dispatches data.train_batch_size={train} "
                                       "prompts for a step's first round; the first round cannot be smaller",
                                       hint=f"leave it unset or set it to {train} or more"))
+    issues.extend(replay_issues(config, cfg, key))
     if verl_dapo and any(m.resolved is not None and getattr(m.resolved.actuator.load(), "filters_zero_variance", False)
                          for m in cfg.methods):
         log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "
@@ -160,3 +170,65 @@ def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> lis
     return issues
 
 
+
+
+def replay_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
+    """verl's rollout-correction settings against a replay method's correction (methods.md P6.4): ``decoupled``
+    (DOTS) is verl's own token-level truncated IS, ``min(pi_old / rollout_log_probs, rollout_is_threshold)``, so it
+    needs ``rollout_is=token`` with the method's ``is_cap`` as threshold; ``behaviour`` (RePO) takes the PPO ratio
+    against the stored behaviour log-probs instead and would be weighted twice under any ``rollout_is``. Either way
+    the batch must reach verl's old-log-prob pass unchanged (no bypass mode, no rejection sampling, no batch
+    normalisation of the weights, no DAPO evicting groups the buffer needs)."""
+    from ..components import Replayer
+    from ..validation import method_keys
+
+    issues: list[ConfigIssue] = []
+    rc = ROLLOUT_CORRECTION
+    for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
+        if method.mechanism != "replay" or method.resolved is None:
+            continue
+        replayer = method.resolved.actuator.load()(**method.resolved.actuator_params)
+        if not isinstance(replayer, Replayer):
+            continue
+        settings = replayer.settings()
+        where = f"{mkey}.actuator.params.correction={settings.correction}"
+        rollout_is = select(config, f"{rc}.rollout_is")
+        threshold = select(config, f"{rc}.rollout_is_threshold", 2.0)
+        if bool(select(config, f"{rc}.bypass_mode", False)):
+            issues.append(ConfigIssue(f"{rc}.bypass_mode", "true sets old_log_probs to the rollout log-probs and "
+                                      f"skips verl's old-log-prob pass, which {mkey} needs for its replayed rows",
+                                      hint=f"set {rc}.bypass_mode=false"))
+        if select(config, f"{rc}.rollout_rs") is not None:
+            issues.append(ConfigIssue(f"{rc}.rollout_rs", f"rejection sampling would mask replayed rows {mkey} "
+                                      "corrects by importance weights", hint=f"set {rc}.rollout_rs=null"))
+        if bool(select(config, f"{rc}.rollout_is_batch_normalize", False)):
+            issues.append(ConfigIssue(f"{rc}.rollout_is_batch_normalize", f"true rescales the importance weights "
+                                      f"{where} defines", hint=f"set {rc}.rollout_is_batch_normalize=false"))
+        if bool(select(config, "algorithm.filter_groups.enable", False)):
+            issues.append(ConfigIssue("algorithm.filter_groups.enable", "verl's DAPO refills inside its replay "
+                                      f"buffer, which {mkey} bypasses to add its stored rows; use one of the two"))
+        if settings.correction == "decoupled":
+            if rollout_is != "token":
+                issues.append(ConfigIssue(f"{rc}.rollout_is", f"is {rollout_is!r}; {where} weights every row by "
+                                          "min(pi_old / mu, is_cap) per token, which verl computes with "
+                                          "rollout_is=token from the replayed rows' stored rollout_log_probs",
+                                          hint=f"set {rc}.rollout_is=token"))
+            elif not _same_threshold(threshold, settings.is_cap):
+                issues.append(ConfigIssue(f"{rc}.rollout_is_threshold", f"is {threshold!r}, but {mkey} truncates "
+                                          f"pi_old / mu at is_cap={settings.is_cap}",
+                                          hint=f"set {rc}.rollout_is_threshold={settings.is_cap} or "
+                                               f"{mkey}.actuator.params.is_cap={threshold}"))
+        elif rollout_is is not None:
+            issues.append(ConfigIssue(f"{rc}.rollout_is", f"is {rollout_is!r}; {where} clips the replayed rows' ratio "
+                                      "against their stored behaviour log-probs, and verl's importance weights would "
+                                      "correct them a second time", hint=f"set {rc}.rollout_is=null"))
+    return issues
+
+
+def _same_threshold(threshold: Any, cap: float) -> bool:
+    """verl's ``rollout_is_threshold`` is a float (TIS) or a ``"lower_upper"`` string (IcePop, which zeroes
+    weights outside the band instead of truncating): only a single value equal to ``cap`` is the method's."""
+    try:
+        return abs(float(threshold) - cap) <= 1e-9 * max(1.0, cap)
+    except (TypeError, ValueError):
+        return False

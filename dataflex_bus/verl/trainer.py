@@ -29,6 +29,12 @@ mode is that class on top of verl's own trainer:
   (:func:`~dataflex_bus.verl.blocks.minibatch_blocks`).
 * ``step`` -> **on_step_end** (``Step.end``): before ``fit`` saves the step's checkpoint, so mixer/bandit
   updates are in it; the step's batch is read from TQ only when a method or observer listens there.
+* replay (mechanism ``replay``, ``dataflex_sync``): ``_next_train_batch`` and ``_step_once`` ask the kit how many
+  prompts the step generates (``Step.fresh_prompts``); after the on_rollout removal ``_balance_batch`` writes the
+  stored rows the kit replays (``Step.replay``) into TransferQueue under new keys, with their tags and every field
+  they were generated with (:mod:`dataflex_bus.verl.replay`), and a ``uid`` per the advantage mode, so verl's own
+  old-log-prob, reference, rollout-correction and advantage passes see them; at on_advantage the rows the method
+  marks are read back from TQ into the kit's store (``Step.store``).
 
 Prompt ids are ``(data_source, extra_info.index)`` (the ``dataflex.domain_key`` column and the index),
 checked unique over the training dataset when the dataloader is built. Plugin state (the per-prompt
@@ -79,6 +85,7 @@ from .buffer import DataflexReplayBuffer
 from .guard import DATAFLEX_MODE_FOR
 from .host import describe
 from .prompts import candidate_ids, check_domain_column, dataset_prompt_table
+from .replay import fields_of, generated_fields, payload_of
 from .sampler import DomainSampler
 from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
@@ -142,6 +149,11 @@ class DataflexTrainer(PPOTrainer):
         self._dispatched: list[str] = []
         self._empty_blocks_seen = 0
         self._rewards: dict[str, float] = {}
+        #: Replay: the step's fresh rows after the on_rollout removal, the keys of its replayed rows (their index
+        #: in the kit's replay) and the fields its trajectories were generated with.
+        self._fresh: Batch | None = None
+        self._replay_rows: dict[str, int] = {}
+        self._generated_fields: list[str] = []
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl mode
@@ -208,16 +220,21 @@ class DataflexTrainer(PPOTrainer):
 
     def _rollouts(self, meta: KVBatchMeta, *, emits: bool) -> Batch:
         """The rollouts of ``meta`` as the on_rollout batch, with prompt ids when the history is kept."""
-        history = self.dataflex.keeps_history
-        batch, data = self._read("on_rollout", meta, ["index"] if history else [], emits=emits)
-        if history:
+        ids = self.dataflex.keeps_history or self.dataflex.replays
+        batch, data = self._read("on_rollout", meta, ["index"] if ids else [], emits=emits)
+        if ids:
             batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
         return batch
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, *args: Any, **kwargs: Any) -> KVBatchMeta:
         """on_rollout, then verl's padding and sequence balancing on what is left."""
         self._skip_update = False
+        self._replay_rows = {}
+        if self.dataflex.replays:
+            self._generated_fields = generated_fields(batch)
         batch = self._on_rollout(batch)
+        if self.dataflex.replays and not self._skip_update:
+            batch = self._add_replayed(batch)
         batch = super()._balance_batch(batch, metrics, *args, **kwargs)
         # What old-log-prob, reference, critic and actor compute will run on: verl pads the kept rows
         # back to a multiple of lcm(dp, ppo_mini_batch_size * n) with synthetic 128-token rows.
@@ -250,6 +267,7 @@ class DataflexTrainer(PPOTrainer):
         outcome = gen.finish()
         self._skip_update = outcome.skip_update
         keep = outcome.keeps[0]
+        self._fresh = batch if keep is None else batch.select(keep)
         if keep is None:
             return meta
         flags = keep.tolist()
@@ -257,6 +275,52 @@ class DataflexTrainer(PPOTrainer):
         dropped = [k for k, f in zip(meta.keys, flags) if not f]
         tq.kv_clear(keys=dropped, partition_id=meta.partition_id)
         return meta.select_keys(kept)
+
+    # ------------------------------------------------------------------ replay
+    def _add_replayed(self, meta: KVBatchMeta) -> KVBatchMeta:
+        """The stored rows the kit replays this step, written into TransferQueue under new keys before verl's
+        old-log-prob pass: a row joining a fresh group (``mixed``) takes its uid and the next sessions, the others
+        a new uid per new group; ``rollout_log_probs`` is the stored behaviour log-prob as generated."""
+        fresh = self._fresh
+        assert fresh is not None and fresh.uid is not None
+        replayed = self._current_step().replay(fresh)
+        if replayed is None:
+            return meta
+        first = torch.full((fresh.num_groups,), len(fresh), dtype=torch.long).scatter_reduce(
+            0, fresh.group_index.clamp_min(0), torch.arange(len(fresh)), "amin")
+        fresh_uids = [str(fresh.uid[i]) for i in first.tolist()]
+        sizes = torch.bincount(fresh.group_index[fresh.valid_rows], minlength=fresh.num_groups).tolist()
+        new_uids = [f"replay{uuid.uuid4().hex}" for _ in range(replayed.num_blocks)]
+        taken: dict[str, int] = {}
+        uids, keys = [], []
+        for join, block in zip(replayed.join.tolist(), replayed.block.tolist()):
+            uid = fresh_uids[join] if join >= 0 else new_uids[block]
+            session = taken.get(uid, sizes[join] if join >= 0 else 0)
+            taken[uid] = session + 1
+            uids.append(uid)
+            keys.append(f"{uid}_{session}_0")
+        fields, tags = fields_of(replayed.record, uids)
+        tq.kv_batch_put(keys=keys, partition_id=meta.partition_id, fields=fields, tags=tags)
+        self._replay_rows = {key: i for i, key in enumerate(keys)}
+        self._rewards.update(zip(keys, replayed.record.reward.tolist()))
+        return KVBatchMeta(partition_id=meta.partition_id, keys=[*meta.keys, *keys], tags=[*meta.tags, *tags],
+                           fields=meta.fields, extra_info=meta.extra_info)
+
+    def _store_replay(self, meta: KVBatchMeta, store: Tensor) -> None:
+        """The rows the replay method marked at on_advantage, read back from TransferQueue with the fields they
+        were generated with (before the trainer writes its own), into the kit's store."""
+        flags = store.tolist()
+        keys = list(itertools.compress(meta.keys, flags))
+        tags = list(itertools.compress(meta.tags, flags))
+        data = tq.kv_batch_get(keys=keys, partition_id=meta.partition_id, select_fields=self._generated_fields)
+        payload, lengths, objects = payload_of(data, tags)
+        self._current_step().store(payload, lengths=lengths, objects=objects)
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        # A replay method may fill part of the step from its buffer: the replay buffer then waits for fewer groups.
+        if self.dataflex.replays:
+            sample_batch_size = self._current_step().fresh_prompts(sample_batch_size)
+        return super()._step_once(metrics, timing_raw, sample_batch_size)
 
     # ------------------------------------------------------------------ generation rounds (dataflex.refill)
     def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
@@ -370,6 +434,8 @@ class DataflexTrainer(PPOTrainer):
         kept; otherwise verl's own fetch, counted."""
         train_batch_size = self.config.data.train_batch_size
         target = num_prompts if num_prompts is not None else train_batch_size
+        if num_prompts is None and self.dataflex.replays:
+            target = self._current_step().fresh_prompts(target)
         if not self.dataflex.selects_prompts:
             fetch = super()._next_train_batch
             return self._current_step().prompts(target, lambda n: Candidates(fetch(n))).draws[0]
@@ -395,9 +461,16 @@ class DataflexTrainer(PPOTrainer):
             self._trained_without_listeners(meta, rewards)
             return meta
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
-        view, data = self._read("on_advantage", meta, extra)
+        replays = self.dataflex.replays
+        view, data = self._read("on_advantage", meta, [*extra, "index"] if replays else extra)
+        replay_rows = None
+        if replays:
+            view = view.with_fields(prompt_index=self._prompt_index(data, view))
+            replay_rows = torch.tensor([self._replay_rows.get(key, -1) for key in meta.keys], dtype=torch.long)
         blocks, multiple = self._actor_blocks(len(meta))
-        action = step.advantage(view, blocks=blocks, block_multiple=multiple)
+        action = step.advantage(view, blocks=blocks, block_multiple=multiple, replay_rows=replay_rows)
+        if action.store is not None:
+            self._store_replay(meta, action.store)
         self._warn_empty_blocks(action.empty_blocks, action.restored_rows, action.remove, action.skip_update)
         self._skip_update = self._skip_update or action.skip_update
         loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
@@ -405,7 +478,8 @@ class DataflexTrainer(PPOTrainer):
         trained = view.valid_rows & (tokens > 0) & (not self._skip_update)
         if action.remove is not None:
             trained &= ~action.remove
-        step.trained(trained, tokens, rewards, view.lengths, view.group_index)
+        step.trained(trained, tokens, rewards, view.lengths, view.group_index,
+                     replayed=None if replay_rows is None else replay_rows >= 0)
         if self._skip_update or not action.fields:
             return meta
         # Nested like the response mask TransferQueue holds, for every key (padding rows included).
@@ -503,8 +577,10 @@ class DataflexTrainer(PPOTrainer):
 
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:
-        if self.dataflex.refill is not None:
-            # Exact refills need single-prompt fetches, as verl sets for its own algorithm.filter_groups.
+        replay = self.dataflex.replay_settings
+        if self.dataflex.refill is not None or (replay is not None and replay.fresh_fraction < 1.0):
+            # Exact refills need single-prompt fetches, as verl sets for its own algorithm.filter_groups; so does
+            # a step that generates only its fresh share (whatever the buffer cannot fill).
             with open_dict(self.config):
                 self.config.data.gen_batch_size = 1
         super()._init_dataloader()

@@ -12,7 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from world import DOMAINS, N, StepRecord, World, add_row, kit_metrics, response_length, reward, row_record
+from world import (
+    DOMAINS,
+    N,
+    StepRecord,
+    World,
+    add_row,
+    behaviour_log_prob,
+    kit_metrics,
+    response_length,
+    reward,
+    row_record,
+)
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.history import PromptTable
@@ -90,7 +101,8 @@ class WorldShim(ShimTrainer):
         prompts = (torch.tensor(rows_of)[:, None] * 7 + torch.arange(4)) % 10
         return Batch.from_tensors(uid=torch.tensor(uids), domains=domains, domain_names=list(self.domains),
                                   prompts=prompts, responses=responses, response_mask=mask, loss_mask=mask.clone(),
-                                  rm_scores=rm, rollout_log_probs=torch.full(mask.shape, -2.0),
+                                  rm_scores=rm, rollout_log_probs=behaviour_log_prob(
+                                      torch.tensor(rows_of)[:, None], torch.tensor(sessions)[:, None], pos).float(),
                                   world_row=torch.tensor(rows_of), world_session=torch.tensor(sessions), **extra)
 
     def _update(self, batch: Batch) -> dict[str, float]:
@@ -107,8 +119,9 @@ def config(block: dict[str, Any] | None, *, batch: int, steps: int) -> dict[str,
 
 
 def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
-        tmp_path: Any = None) -> list[StepRecord]:
-    """``steps`` steps of ``block`` on the world; one record per step."""
+        tmp_path: Any = None, settings: Any = ()) -> list[StepRecord]:
+    """``steps`` steps of ``block`` on the world; one record per step (``settings``: another host's framework
+    settings a case needs, none here)."""
     prepared = prepare(config(block, batch=batch, steps=steps))
     runtime = Runtime(prepared.method, host=describe(prepared.resolved), check_writes=True)
     trainer = WorldShim(prepared.resolved, runtime, world)
@@ -124,7 +137,8 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
             for i in range(len(b)):
                 add_row(record, b.domain_names[int(b.domain_index[i])], int(b["world_row"][i]),
                         int(b["world_session"][i]),
-                        row_record(b["advantages"][i], b["rollout_is_weights"][i], b["loss_mask"][i]))
+                        row_record(b["advantages"][i], b["rollout_is_weights"][i], b["loss_mask"][i],
+                                   b["old_log_probs"][i], b["rollout_log_probs"][i]))
         records.append(record)
     return records
 

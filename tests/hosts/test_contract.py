@@ -13,6 +13,7 @@ parameter in ``conftest.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,11 @@ class Case:
     steps: int = 1
     batch: int = 6
     world: World = field(default_factory=World)
+    #: Per host, the framework settings the case needs there (verl overrides).
+    settings: dict[str, list[str]] = field(default_factory=dict)
+    #: The weights are verl's token-level truncated IS ``min(exp(old - mu), cap)``: each host's old log-probs
+    #: come from its own policy, so the weights are held to that formula, not to the reference's values.
+    is_cap: float | None = None
 
 
 def trained_domains(record: StepRecord) -> dict[str, int]:
@@ -103,6 +109,37 @@ def _refill(rounds: int, generated: int, trained: int) -> Callable[[list[StepRec
     return expect
 
 
+def _replay_dots(records: list[StepRecord]) -> None:
+    first, *later = records
+    assert len(first.trained) == 24 and first.metrics["dataflex/replay/empty"] == 1
+    for r in later:
+        m = r.metrics
+        assert m["dataflex/replay/fresh_prompts"] == 3 and m["dataflex/replay/rows"] == 12 and len(r.trained) == 24
+    m = records[-1].metrics
+    assert m["compute/generated_rollouts"] == 24 + 2 * 12 and m["compute/replayed_rows"] == 2 * 12
+    assert all(x.weights is not None for r in records for x in r.trained.values())
+
+
+def _replay_repo(records: list[StepRecord]) -> None:
+    *early, last = records
+    assert all(r.metrics["dataflex/replay/rows"] == 0 for r in early)
+    assert last.metrics["dataflex/replay/rows"] == 24 and len(last.trained) == 48
+    again = [x for k, x in last.trained.items() if k[3] >= 1]  # rows trained a second (third) time
+    assert len(again) == 24 and all(x.old == x.mu and x.weights is None for x in again)
+    assert last.metrics["compute/generated_rollouts"] == 3 * 24 and last.metrics["compute/replayed_rows"] == 24
+    # highest_k on binary rewards: copy's best 4 are all right, reverse's all wrong: 4 of 6 groups carry no signal
+    assert last.metrics["dataflex/replay/zero_signal_groups"] == pytest.approx(4 / 6)
+
+
+def _replay_mixed(records: list[StepRecord]) -> None:
+    last = records[-1]
+    assert last.metrics["dataflex/replay/rows"] == 24 and last.metrics["dataflex/replay/groups"] == 6
+    # a sort prompt's 8 rows (4 fresh [1, 0, 0, 0], its stored best 4 [1, 1, 0, 0]) normalised together: 3 of 8
+    # right in each of its two prompts
+    sort = sorted(round(x.advantages[0], 3) for k, x in last.trained.items() if k[0] == "sort")
+    assert len(sort) == 16 and sort.count(sort[-1]) == 6 and sort[-1] > 0 > sort[0]
+
+
 def _greso(records: list[StepRecord]) -> None:
     assert len(records) == 3
     assert all(r.metrics["dataflex/prompts_generated"] == 4 for r in records)
@@ -110,6 +147,9 @@ def _greso(records: list[StepRecord]) -> None:
 
 
 REFILL_WORLD = World((("reverse", 5), ("copy", 4), ("sort", 3)))
+REPLAY = {"mechanism": "replay", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "rollout_replay"}}
+REPO = {"unit": "prompt", "priority": "highest", "advantage": "split", "correction": "behaviour", "per_prompt": 8,
+        "min_to_replay": 8, "replays": 4, "capacity": 1024}
 CASES: dict[str, Case] = {
     "plain": Case(None, _plain),
     "select-rollout-band": Case({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
@@ -134,6 +174,14 @@ CASES: dict[str, Case] = {
                                             "on_exhaust": "train_short"}},
                                 _refill(*expected), batch=8, world=REFILL_WORLD)
        for policy, expected in (("fixed", (2, 24, 8)), ("credit2", (2, 22, 8)), ("greso", (2, 14, 7)))},
+    # DOTS: 6 groups, then 3 fresh + 3 drawn from the stored 6 (verl's TIS weights every row, decoupled PPO)
+    "replay-dots": Case({**REPLAY, "actuator": {"name": "rollout_replay", "params": {
+        "fresh_fraction": 0.5, "capacity": 24, "dedup": True, "max_age_steps": 2, "is_cap": 2.0}}}, _replay_dots,
+        steps=3, settings={"verl": ["algorithm.rollout_correction.rollout_is=token"]}, is_cap=2.0),
+    # RePO: at the third visit each prompt has 8 rows stored, its best 4 train again in a group of their own
+    "replay-repo": Case({**REPLAY, "actuator": {"name": "rollout_replay", "params": REPO}}, _replay_repo, steps=3),
+    "replay-mixed": Case({**REPLAY, "actuator": {"name": "rollout_replay", "params": {**REPO, "advantage": "mixed"}}},
+                         _replay_mixed, steps=3),
     "prompts-greso": Case({"methods": [
         {"name": "greso", "mechanism": "select", "scorer": {"name": "zero_variance_streak"},
          "actuator": {"name": "greso", "params": {"p_easy_init": 0.5, "p_hard_init": 0.5, "adapt_from_epoch": 0}}},
@@ -160,7 +208,7 @@ def reference(tmp_path_factory) -> Callable[[str], list[StepRecord]]:
     return get
 
 
-def assert_same(records: list[StepRecord], reference: list[StepRecord], host: str) -> None:
+def assert_same(records: list[StepRecord], reference: list[StepRecord], host: str, is_cap: float | None = None) -> None:
     assert len(records) == len(reference)
     for i, (got, want) in enumerate(zip(records, reference)):
         where = f"{host}, step {i}"
@@ -170,8 +218,15 @@ def assert_same(records: list[StepRecord], reference: list[StepRecord], host: st
             mine = got.trained[key]
             assert mine.tokens == row.tokens, (where, key)
             assert mine.advantages == pytest.approx(row.advantages, abs=1e-4), (where, key, "advantages")
+            if mine.mu is not None and row.mu is not None:
+                assert mine.mu == pytest.approx(row.mu, abs=1e-5), (where, key, "behaviour log-probs")
             assert (mine.weights is None) == (row.weights is None), (where, key, "weights")
-            if row.weights is not None:
+            if is_cap is not None:
+                for r in (mine, row):  # each host's old log-probs are its own policy's
+                    assert r.weights is not None and r.old is not None and r.mu is not None
+                    truncated = [min(math.exp(o - m), is_cap) for o, m in zip(r.old, r.mu)]
+                    assert r.weights == pytest.approx(truncated, rel=1e-3), (where, key, "weights")
+            elif row.weights is not None:
                 assert mine.weights == pytest.approx(row.weights, abs=1e-4), (where, key, "weights")
         assert sorted(got.metrics) == sorted(want.metrics), (where, set(got.metrics) ^ set(want.metrics))
         for name, value in want.metrics.items():
@@ -189,9 +244,10 @@ def test_the_same_decisions_are_carried_out_the_same_way(host, case, reference, 
     if host.name == "shim":
         c.expect(want)
         return
-    got = host.run(c.block, c.world, batch=c.batch, steps=c.steps, tmp_path=tmp_path)
+    got = host.run(c.block, c.world, batch=c.batch, steps=c.steps, tmp_path=tmp_path,
+                   settings=c.settings.get(host.name, []))
     c.expect(got)
-    assert_same(got, want, host.name)
+    assert_same(got, want, host.name, c.is_cap)
 
 
 def test_a_field_the_host_lacks_is_refused_naming_the_host(host, register):
@@ -230,8 +286,7 @@ def test_every_capability_the_host_lacks_is_refused_naming_the_host(host):
         "refill": CASES["refill-fixed"].block,
         "domain_sampling": CASES["mix"].block,
         "loss_weights": CASES["reweight"].block,
-        "replay": {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
-                   "actuator": {"name": "rollout_replay", "params": {"fresh_fraction": 0.5}}},
+        "replay": CASES["replay-dots"].block,
     }
     assert set(blocks) == set(CAPABILITIES)
     for capability, description in host.lacking():

@@ -35,13 +35,15 @@ def _harness():
     return verl_harness
 
 
-def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int, tmp_path: Path) -> list[StepRecord]:
+def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int, tmp_path: Path,
+        settings: Any = ()) -> list[StepRecord]:
+    """``steps`` steps of ``block`` on the world (``settings``: verl overrides the case needs)."""
     H = _harness()
     data = H.write_dataset(tmp_path / "train.parquet", world.counts)
     overrides = H.base_overrides(data, tmp_path / "ckpt", steps=steps, batch=batch, mini=batch, n=N)
     # Prompts in dataset order, fetched one at a time, rows in arrival order: as the shim driver draws them.
     same_order = ["data.shuffle=False", "data.gen_batch_size=1", "trainer.balance_batch=False"]
-    run = H.Run([*overrides, *same_order, "trainer.save_freq=-1", *block_overrides(block)]).setup()
+    run = H.Run([*overrides, *same_order, "trainer.save_freq=-1", *settings, *block_overrides(block)]).setup()
     probs: list[dict[str, float] | None] = []
     runtime = run.trainer.dataflex
     step = run.trainer.step
@@ -67,13 +69,17 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int, t
         for i, (key, padding) in enumerate(zip(update["keys"], update["is_padding"])):
             if padding:
                 continue
-            uid, session = key.split("_")[0], int(key.split("_")[1])
-            domain, row = agent.prompts[uid]
+            # What the row was generated as (a replayed row is under a new key: a new uid, or a fresh group's
+            # uid and the next session)
+            domain, row, session = update["data_source"][i], int(update["index"][i]), int(update["session_id"][i])
+            assert agent.prompts.get(key.split("_")[0], (domain, row)) == (domain, row), key
             mask = torch.clamp(update["loss_mask"][i], min=0)  # the recorder pads with -1
             if not bool(mask.any()):
                 continue  # a row verl masked out of the loss: not trained (the shim removes it)
+            old, mu = update.get("old_log_probs"), update.get("rollout_log_probs")
             add_row(record, domain, row, session,
-                    row_record(update["advantages"][i], None if weights is None else weights[i], mask))
+                    row_record(update["advantages"][i], None if weights is None else weights[i], mask,
+                               None if old is None else old[i], None if mu is None else mu[i]))
         records.append(record)
     return records
 

@@ -22,6 +22,11 @@ def response_length(row: int, session: int) -> int:
     return 2 + (row + session) % 4
 
 
+def behaviour_log_prob(row: Any, session: Any, token: Any) -> Any:
+    """The harness agent loop's rollout log-probs (``verl_harness.behaviour_log_probs``), per token."""
+    return -1.0 - 0.1 * ((row + session + token) % 4)
+
+
 def reward(domain: str, session: int) -> float:
     return 1.0 if session in SOLVED[domain] else 0.0
 
@@ -53,6 +58,9 @@ class Row:
     advantages: tuple[float, ...]
     weights: tuple[float, ...] | None
     tokens: int
+    #: The old log-probs the loss took its ratio against and the behaviour (rollout) log-probs (replay cases).
+    old: tuple[float, ...] | None = None
+    mu: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -87,12 +95,17 @@ def add_row(record: StepRecord, domain: str, row: int, session: int, value: Row)
     record.trained[(domain, row, session, k)] = value
 
 
-def row_record(advantages: Any, weights: Any, mask: Any) -> Row:
-    """A :class:`Row` from one row's dense advantages, weights (or ``None``) and loss mask."""
+def row_record(advantages: Any, weights: Any, mask: Any, old: Any = None, mu: Any = None) -> Row:
+    """A :class:`Row` from one row's dense advantages, weights (or ``None``) and loss mask (and, where
+    recorded, its old and behaviour log-probs)."""
     length = int((mask != 0).sum())
     adv = tuple(round(float(a), 5) for a in advantages[:length])
     w = None
     if weights is not None:
         values = tuple(round(float(x), 5) for x in weights[:length])
         w = None if all(x == 1.0 for x in values) else values
-    return Row(adv, w, length)
+
+    def values_of(t: Any) -> tuple[float, ...] | None:
+        return None if t is None else tuple(round(float(x), 5) for x in t[:length])
+
+    return Row(adv, w, length, values_of(old), values_of(mu))

@@ -128,6 +128,12 @@ class StubPools:
 
 
 # ---------------------------------------------------------------------------- fake rollout
+def behaviour_log_probs(row: int, session: int, length: int) -> torch.Tensor:
+    """The rollout log-probs the fake agent loop reports: a fixed function of (row, session, token), so a
+    replayed row's stored behaviour log-probs can be told from another's."""
+    return -1.0 - 0.1 * ((row + session + torch.arange(length)) % 4).to(torch.float32)
+
+
 class FakeAgentLoop:
     """Writes ``n`` trajectories per prompt into TQ like ``AgentLoopWorkerTQ`` and finishes the prompt.
 
@@ -174,7 +180,7 @@ class FakeAgentLoop:
                 field = {k: v for k, v in p.items()}
                 field.update(
                     prompts=prompt, responses=resp, response_mask=mask, loss_mask=mask,
-                    rollout_log_probs=torch.full((rlen,), -2.0), rm_scores=rm, num_turns=2,
+                    rollout_log_probs=behaviour_log_probs(row, s, rlen), rm_scores=rm, num_turns=2,
                     input_ids=torch.cat([prompt, resp]), position_ids=torch.arange(plen + rlen),
                     extra_fields={"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
                     session_id=s,
@@ -266,9 +272,13 @@ class FakeActorWG:
         info = meta.extra_info
         record = {"keys": list(meta.keys), "fields": sorted(data.keys()), "losses": [], "mini_batch_sizes": [],
                   "is_padding": [bool(t.get("is_padding", False)) for t in meta.tags]}
-        for name in ("rollout_is_weights", "response_mask", "loss_mask", "advantages"):
+        for name in ("rollout_is_weights", "response_mask", "loss_mask", "advantages", "old_log_probs",
+                     "rollout_log_probs"):
             if name in data.keys():
                 record[name] = data[name].to_padded_tensor(-1.0 if name != "response_mask" else -1)
+        for name in ("data_source", "index", "session_id"):  # what a row was generated as (replayed ones too)
+            if name in data.keys():
+                record[name] = [getattr(x, "data", x) for x in data[name]]
         mini = int(info["mini_batch_size"])
         pg_losses = []
         for mb in tu.make_iterator(data, mini_batch_size=mini, epochs=int(info["epochs"]), seed=int(info["seed"]),

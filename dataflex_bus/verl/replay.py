@@ -1,0 +1,94 @@
+"""Replayed rows in TransferQueue: a stored trajectory's fields into the host kit's replay store, and back.
+
+verl keeps every field of a trajectory in TransferQueue: per-token fields as jagged nested tensors, per-row
+ones as tensors, the dataset's columns and the agent loop's extras as non-tensor values. A replayed row must
+come back with *every* field its step's fresh rows have (a field present on only some keys of a batch is
+dropped from the worker's get), so the adapter stores the trajectory as it was generated: tensors as dense
+columns with each row's length (the kit's payload), the non-tensor values and the key's tags as the row's
+objects. Text-only trajectories: a per-token field with more than one value per token (multimodal position
+ids) is refused, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from tensordict.tensorclass import NonTensorStack
+from torch import Tensor
+from transfer_queue import KVBatchMeta
+
+from ..errors import BatchFieldError
+from ..replay import Record
+from .tqbatch import labels_of
+
+#: The key of a stored row's objects that holds its TransferQueue tags.
+TAG = "__tags__"
+
+
+def generated_fields(meta: KVBatchMeta) -> list[str]:
+    """The fields a trajectory of ``meta`` has as generated (before verl's old-log-prob pass adds any): one
+    key's full read."""
+    if not meta.keys:
+        return []
+    sample = tq.kv_batch_get(keys=[meta.keys[0]], partition_id=meta.partition_id)
+    return sorted(sample.keys())
+
+
+def payload_of(data: TensorDict, tags: Sequence[dict[str, Any]]) -> tuple[dict[str, Tensor], dict[str, Tensor],
+                                                                           list[dict[str, Any]]]:
+    """A ``kv_batch_get`` result as the kit's payload: tensors dense (nested ones padded, with each row's
+    length), every other value and each key's ``tags`` in the row's objects."""
+    n = len(tags)
+    payload: dict[str, Tensor] = {}
+    lengths: dict[str, Tensor] = {}
+    objects: list[dict[str, Any]] = [{TAG: dict(tag)} for tag in tags]
+    for name in data.keys():
+        value = data.get(name)
+        if isinstance(value, Tensor):
+            if value.is_nested:
+                dense = value.to_padded_tensor(0)
+                if dense.dim() != 2:
+                    raise BatchFieldError("dataflex replay (verl)", name, f"holds {tuple(dense.shape[2:])} values per "
+                                          "token; replay stores text-only trajectories")
+                payload[name] = dense
+                lengths[name] = value.offsets().diff()  # type: ignore[attr-defined]
+            else:
+                payload[name] = value
+        elif name != "uid":  # a replayed row gets a new uid (its group per the advantage mode)
+            for obj, item in zip(objects, labels_of(value)):
+                obj[name] = item
+    if any(v.shape[0] != n for v in payload.values()):
+        raise BatchFieldError("dataflex replay (verl)", "<fields>", f"TransferQueue returned rows for other than {n} "
+                              "keys")
+    return payload, lengths, objects
+
+
+def fields_of(record: Record, uids: Sequence[str]) -> tuple[TensorDict, list[dict]]:
+    """The stored rows of ``record`` as TransferQueue fields (nested where they were) under new ``uids``, and
+    their tags (never padding)."""
+    n = len(record)
+    fields: dict[str, Any] = {}
+    for name, dense in record.payload.items():
+        length = record.lengths.get(name)
+        if length is None:
+            fields[name] = dense
+            continue
+        width = dense.shape[1]
+        mask = torch.arange(width)[None, :] < length[:, None]
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(length, 0)])
+        fields[name] = torch.nested.nested_tensor_from_jagged(dense[mask], offsets=offsets,
+                                                              max_seqlen=int(length.max()) if n else 0,
+                                                              min_seqlen=int(length.min()) if n else 0)
+    objects = record.objects or [{TAG: {}} for _ in range(n)]
+    names = sorted({k for obj in objects for k in obj if k != TAG})
+    for name in names:
+        fields[name] = NonTensorStack(*[obj.get(name) for obj in objects])
+    # The uid says which group a row's advantage is normalised in; the key's session numbers the rows of a
+    # uid (a row's own session_id field is kept as generated).
+    fields["uid"] = NonTensorStack(*uids)
+    tags = [{**obj[TAG], "is_padding": False} for obj in objects]
+    return TensorDict(fields, batch_size=n), tags
