@@ -149,3 +149,13 @@ def test_parameters_that_cannot_replay_are_refused_naming_the_key(params, key):
     with pytest.raises(ConfigError) as err:
         validate(block)
     assert f"dataflex.actuator.params.{key}" in str(err.value)
+
+
+def test_the_defaults_are_a_valid_configuration_of_each_unit():
+    from dataflex_bus.validation import validate
+
+    for unit, share in (("group", 0.5), ("prompt", 1.0)):
+        cfg = validate({"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+                        "actuator": {"name": "rollout_replay", "params": {"unit": unit}}})
+        assert cfg.methods[0].resolved is not None
+        assert replayer(unit=unit).settings().fresh_fraction == share

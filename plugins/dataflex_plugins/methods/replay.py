@@ -57,8 +57,9 @@ class RolloutReplay(Replayer):
                                 "ratio of replayed rows clipped against the stored mu (RePO)"),
         "is_cap": Param(float, 2.0, low=0.0, low_open=True,
                         doc="decoupled: truncation of pi_old / mu (verl's rollout_is_threshold; DOTS: none)"),
-        "fresh_fraction": Param(float, 1.0, low=0.0, high=1.0, low_open=True,
-                                doc="unit group: share of a step's prompts generated fresh (DOTS: 0.5)"),
+        "fresh_fraction": Param((float, type(None)), None, low=0.0, high=1.0, low_open=True,
+                                doc="share of a step's prompts generated fresh (default: 0.5 under unit group, "
+                                    "DOTS's; 1.0 under unit prompt, the only value it takes)"),
         "capacity": Param(int, 4096, low=1, doc="rows the buffer holds (the oldest groups leave first)"),
         "per_prompt": Param(int, 0, low=0, doc="rows per prompt at most, the oldest leave first (RePO: 16; 0: none)"),
         "min_to_replay": Param(int, 1, low=1, doc="unit prompt: rows of a prompt stored before any is replayed "
@@ -77,7 +78,7 @@ class RolloutReplay(Replayer):
     advantage: str
     correction: str
     is_cap: float
-    fresh_fraction: float
+    fresh_fraction: float | None
     capacity: int
     per_prompt: int
     min_to_replay: int
@@ -97,13 +98,14 @@ class RolloutReplay(Replayer):
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         issues = []
-        if values["unit"] == "prompt" and values["fresh_fraction"] != 1.0:
+        fresh = values["fresh_fraction"]
+        if values["unit"] == "prompt" and fresh not in (None, 1.0):
             issues.append(("fresh_fraction", "unit prompt adds stored rows to the prompts a step generates; every "
                                              "prompt is generated (fresh_fraction 1.0)"))
         if values["per_prompt"] and values["per_prompt"] < values["min_to_replay"]:
             issues.append(("min_to_replay", f"{values['min_to_replay']} rows can never be stored for a prompt "
                                             f"(per_prompt={values['per_prompt']}): nothing would be replayed"))
-        if values["unit"] == "group" and values["fresh_fraction"] == 1.0:
+        if values["unit"] == "group" and fresh == 1.0:
             issues.append(("fresh_fraction", "unit group replays stored groups in place of fresh ones; with every "
                                              "prompt fresh (1.0) nothing is replayed: set it below 1 (DOTS: 0.5)"))
         return issues
@@ -112,8 +114,15 @@ class RolloutReplay(Replayer):
         return ReplaySettings(unit=self.unit, advantage=self.advantage, correction=self.correction,
                               capacity=self.capacity, per_prompt=self.per_prompt, min_to_replay=self.min_to_replay,
                               replays=self.replays, max_age_steps=self.max_age_steps,
-                              fresh_fraction=self.fresh_fraction, dedup=self.dedup, is_cap=self.is_cap,
+                              fresh_fraction=self.fresh_share, dedup=self.dedup, is_cap=self.is_cap,
                               off_policy_coef=self.off_policy_coef)
+
+    @property
+    def fresh_share(self) -> float:
+        """``fresh_fraction``, or its default for the unit (DOTS's 0.5; every prompt under unit prompt)."""
+        if self.fresh_fraction is not None:
+            return self.fresh_fraction
+        return 0.5 if self.unit == "group" else 1.0
 
     # ------------------------------------------------------------------ picking
     def pick(self, pool: ReplayPool, step: int) -> ReplayPick:
