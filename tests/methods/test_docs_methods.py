@@ -9,7 +9,7 @@ from dataflex_bus.discovery import get_plugins
 DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 FIRST_PARTY = ["reward_difficulty", "group_solve_rate", "advantage_magnitude", "token_prob",
                "zero_variance_streak", "threshold_band", "dapo", "topk_fraction", "max_variance", "greso",
-               "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static"]
+               "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static", "rollout_replay"]
 
 
 @pytest.mark.parametrize("name", FIRST_PARTY)
