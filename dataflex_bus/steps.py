@@ -209,6 +209,7 @@ class Step:
         #: What the step replays (``Step.replay``) and what waits to be stored (``Step.advantage``).
         self.replayed: Replayed | None = None
         self._replay_plan: tuple[int, int] | None = None
+        self._replay_asked = False
         self._to_store: tuple[Batch, ReplayDecision] | None = None
 
     # ------------------------------------------------------------------ prompts
@@ -298,6 +299,7 @@ class Step:
             return None
         self.metrics.update(replay.maintain(self.index))
         planned = 0 if self._replay_plan is None else self._replay_plan[1]
+        self._replay_asked = True
         self.replayed, metrics = replay.retrieve(self.index, fresh, planned)
         self.metrics.update(metrics)
         return self.replayed
@@ -363,7 +365,9 @@ class Step:
         if replay is not None:
             if not action.skip_update:
                 action.fields.update(replay.correct(batch, action.fields.get("rollout_is_weights"), self.index))
-            if decision.replay is not None and bool(decision.replay.store.any()):
+            # A step that never reached Step.replay (its update skipped at on_rollout) stores nothing: the kit
+            # learns there which of the host's fields a row is stored with.
+            if self._replay_asked and decision.replay is not None and bool(decision.replay.store.any()):
                 action.store = decision.replay.store
                 self._to_store = (batch, decision.replay)
         if blocks is not None:

@@ -304,6 +304,18 @@ def test_a_host_that_forgets_to_store_is_told_at_the_step_end():
         step.end(fresh)
 
 
+def test_a_step_skipped_before_its_replay_stores_nothing():
+    rt = runtime(DOTS)
+    kit = StepKit(rt)
+    step = kit.begin(0)
+    fresh = rollouts(cycle(0, step.fresh_prompts(4)), 0)
+    step.count_generated(fresh)  # an empty selection at on_rollout: the host goes on without Step.replay
+    action = step.advantage(with_advantages(fresh))
+    assert action.store is None
+    step.end(fresh)
+    assert len(rt.replay.store) == 0
+
+
 def test_replay_is_refused_with_refill_and_on_a_host_without_the_capability():
     from dataflex_bus.validation import validate
 
