@@ -62,9 +62,10 @@ BEFORE_ADVANTAGES = "decided at on_rollout, before advantages exist; a method wr
 
 
 def keep_only(decision: Decision, why: str) -> None:
-    """Refuse a decision holding weights or advantages at an event where only a keep mask can act."""
-    if decision.weights is not None or decision.advantages is not None:
-        raise BatchFieldError("dataflex", "weights" if decision.weights is not None else "advantages", why)
+    """Refuse a decision holding weights, advantages or a token mask at an event where only a keep mask can act."""
+    for name in ("weights", "advantages", "tokens"):
+        if getattr(decision, name) is not None:
+            raise BatchFieldError("dataflex", name, why)
 
 
 def carry_out_rollout(batch: Batch, decision: Decision) -> RolloutAction:
@@ -122,76 +123,129 @@ def rows_in(blocks: Tensor, which: Tensor, size: int) -> Tensor:
     return rows
 
 
+def unkept_tokens(batch: Batch, decision: Decision) -> Tensor | None:
+    """Bool ``[B, T]``: the real response tokens a token selection leaves out of the policy-gradient term
+    (``None``: the decision selects no tokens)."""
+    if decision.tokens is None:
+        return None
+    real = batch.token_mask
+    if tuple(decision.tokens.shape) != tuple(real.shape):
+        raise BatchFieldError("dataflex", "tokens", f"a token mask must have the response mask's shape "
+                              f"{tuple(real.shape)}, got {tuple(decision.tokens.shape)}")
+    return real & ~decision.tokens.to(torch.bool)
+
+
 def carry_out_advantage(batch: Batch, decision: Decision, *, blocks: Tensor | None = None,
                         block_multiple: int | None = None) -> AdvantageAction:
     """The fields to write after ``on_advantage``. ``batch`` must hold ``response_mask`` and, when the
     decision drops rows or replaces advantages, ``advantages`` and ``loss_mask``; its
     ``rollout_is_weights`` (if any) are multiplied, never replaced.
 
+    A token mask (``decision.tokens``) is written into ``rollout_is_weights`` (0 on the tokens left out), so
+    only the policy-gradient term loses them: KL, entropy bonus and token-mean's denominator keep every token
+    (the paper's and TRL's loss); under ``decision.mask_kl`` it is written into ``response_mask`` and
+    ``loss_mask`` instead, and those terms lose the tokens too.
+
     ``blocks`` (long ``[K, m]``): the rows the host trains together, one optimizer step each (verl's
-    mini-batches, every epoch). A block in which every row ends up dropped follows
-    ``decision.on_empty``: ``error`` raises; ``keep_all`` restores the rows it dropped (never those with a
-    non-finite score); ``skip`` (and a ``keep_all`` block with nothing to restore) takes the block out of
-    the update: its rows are returned in ``remove`` when ``block_multiple`` is given (the blocks
-    partition the rows the same way every epoch, and the batch must stay a multiple of it), otherwise
-    the whole update is skipped.
+    mini-batches, every epoch). A block in which every row ends up dropped (or, under a token mask, left
+    without a kept token: its policy-gradient term would be empty) follows ``decision.on_empty``: ``error``
+    raises; ``keep_all`` restores the rows it dropped and their tokens (never rows with a non-finite
+    score); ``skip`` (and a ``keep_all`` block with nothing to restore) takes the block out of the update:
+    its rows are returned in ``remove`` when ``block_multiple`` is given (the blocks partition the rows the
+    same way every epoch, and the batch must stay a multiple of it), otherwise the whole update is skipped.
     """
     if decision.skip_update:
         return AdvantageAction(skip_update=True)
     out: dict[str, Tensor] = {}
-    if decision.weights is not None:
-        w = decision.weights.to(torch.float32)
+    unkept = unkept_tokens(batch, decision)
+    masked = unkept is not None and decision.mask_kl
+    # What keep_all gives back to the rows of a block without a kept token: the weights before the mask.
+    unmasked_weights = None
+    if decision.weights is not None or (unkept is not None and not masked):
+        w = (torch.ones(batch["response_mask"].shape) if decision.weights is None
+             else decision.weights.to(torch.float32))
         if "rollout_is_weights" in batch.fields:
             w = batch["rollout_is_weights"].to(torch.float32) * w
+        if unkept is not None and not masked:
+            unmasked_weights, w = w, w.masked_fill(unkept, 0.0)
         out["rollout_is_weights"] = w
     advantages = None
     if decision.advantages is not None:
         current = batch["advantages"]
         advantages = torch.where(batch.valid_rows[:, None], decision.advantages.to(current.dtype), current)
     drop = None if decision.keep is None else batch.valid_rows & ~decision.keep
-    if drop is None or not bool(drop.any()):
-        if advantages is not None:
-            out["advantages"] = advantages
-        return AdvantageAction(out)
-    rows = drop[:, None]
+    if drop is not None and not bool(drop.any()):
+        drop = None
     loss_mask = batch.get("loss_mask")
     loss_mask = batch["response_mask"] if loss_mask is None else loss_mask
-    out["response_mask"] = batch["response_mask"].masked_fill(rows, 0)
-    out["loss_mask"] = loss_mask.masked_fill(rows, 0)
-    advantages = (batch["advantages"] if advantages is None else advantages).masked_fill(rows, 0)
-    out["advantages"] = advantages
+    if drop is None and not masked:
+        if advantages is not None:
+            out["advantages"] = advantages
+        if unkept is None or blocks is None:
+            return AdvantageAction(out)
+    else:
+        response_mask, new_loss_mask = batch["response_mask"], loss_mask
+        if masked and unkept is not None:
+            response_mask, new_loss_mask = response_mask.masked_fill(unkept, 0), new_loss_mask.masked_fill(unkept, 0)
+        if drop is not None:
+            rows = drop[:, None]
+            response_mask, new_loss_mask = response_mask.masked_fill(rows, 0), new_loss_mask.masked_fill(rows, 0)
+            advantages = (batch["advantages"] if advantages is None else advantages).masked_fill(rows, 0)
+        out["response_mask"], out["loss_mask"] = response_mask, new_loss_mask
+        if advantages is not None:
+            out["advantages"] = advantages
     if blocks is None:
-        return AdvantageAction(out, ~drop)
+        return AdvantageAction(out, None if drop is None else ~drop)
 
-    empty = empty_blocks(out["loss_mask"].ne(0).any(dim=1), blocks)
+    # Rows with a kept token (every row without a token mask): a block of none has no policy-gradient term.
+    selected = None if unkept is None else (batch.token_mask & ~unkept).any(dim=1)
+    back = torch.zeros(len(batch), dtype=torch.bool)
+
+    def trained() -> Tensor:
+        rows = out.get("loss_mask", loss_mask).ne(0).any(dim=1)
+        return rows if selected is None else rows & (selected | back)
+
+    empty = empty_blocks(trained(), blocks)
     count = int(empty.sum())
     if count == 0:
-        return AdvantageAction(out, ~drop)
+        return AdvantageAction(out, None if drop is None else ~drop)
     policy = decision.on_empty or "skip"
     if policy == "error":
+        tokens = "" if unkept is None else " or kept no token"
         raise DataflexError(f"dataflex: every row of {count} of {len(blocks)} training block(s) (mini-batches) was "
-                            "dropped, so their update would average over no token (dataflex.on_empty=error)")
+                            f"dropped{tokens}, so their update would average over no token (dataflex.on_empty=error)")
     restored = 0
     if policy == "keep_all":
-        back = rows_in(blocks, empty, len(batch)) & drop
+        untrained = torch.zeros(len(batch), dtype=torch.bool) if drop is None else drop.clone()
+        if selected is not None:
+            untrained |= batch.valid_rows & ~selected
+        back = rows_in(blocks, empty, len(batch)) & untrained
         if decision.nonfinite is not None:
             back &= ~decision.nonfinite
         restored = int(back.sum())
         if restored:
-            # The block trains as if no method had dropped these rows: verl's own masks and advantages.
+            # The block trains as if no method had dropped these rows or masked their tokens: verl's own masks,
+            # advantages and weights (and the other methods' weights).
             rows = back[:, None]
-            out["response_mask"] = torch.where(rows, batch["response_mask"], out["response_mask"])
-            out["loss_mask"] = torch.where(rows, loss_mask, out["loss_mask"])
-            out["advantages"] = torch.where(rows, batch["advantages"].to(advantages.dtype), advantages)
-            drop = drop & ~back
-            empty = empty_blocks(out["loss_mask"].ne(0).any(dim=1), blocks)
+            if "response_mask" in out:
+                out["response_mask"] = torch.where(rows, batch["response_mask"], out["response_mask"])
+                out["loss_mask"] = torch.where(rows, loss_mask, out["loss_mask"])
+            if drop is not None and "advantages" in out:
+                dropped = (back & drop)[:, None]
+                out["advantages"] = torch.where(dropped, batch["advantages"].to(out["advantages"].dtype),
+                                                out["advantages"])
+            if unmasked_weights is not None:
+                out["rollout_is_weights"] = torch.where(rows, unmasked_weights, out["rollout_is_weights"])
+            drop = None if drop is None else drop & ~back
+            empty = empty_blocks(trained(), blocks)
+    keep = None if drop is None else ~drop
     if not bool(empty.any()):
-        return AdvantageAction(out, ~drop, empty_blocks=count, restored_rows=restored)
+        return AdvantageAction(out, keep, empty_blocks=count, restored_rows=restored)
     remove = rows_in(blocks, empty, len(batch))
     left = len(batch) - int(remove.sum())
     if block_multiple is None or left == 0 or left % block_multiple:
         return AdvantageAction(skip_update=True, empty_blocks=count, restored_rows=restored)
-    return AdvantageAction(out, ~drop, remove=remove, empty_blocks=count, restored_rows=restored)
+    return AdvantageAction(out, keep, remove=remove, empty_blocks=count, restored_rows=restored)
 
 
 # ---------------------------------------------------------------------------- mix

@@ -90,6 +90,13 @@ class Component:
         """Cross-parameter checks: return ``[(param, message), ...]`` for each violated rule."""
         return []
 
+    @classmethod
+    def requires_for(cls, values: Mapping[str, Any]) -> Sequence[str]:
+        """The batch fields a component with parameters ``values`` reads: :attr:`requires`, plus what a
+        parameter adds (a token selection over ``scope: minibatch`` reads the host's mini-batches). Validation
+        checks these against the host; the runtime asks the host for them."""
+        return cls.requires
+
     def visit_classes(self) -> VisitClasses | None:
         """How this component wants the history to classify a visit (easy / hard / other), or ``None``
         when it does not care. Every component of a block that answers must answer the same."""
@@ -165,12 +172,19 @@ class Actuator(Component):
 class Selection:
     """A selector's output: ``keep`` is bool ``[B]`` (padding rows are never kept).
 
-    Subset selectors that keep part of a group also return the recomputed ``advantages`` ``[B, T]``.
+    Subset selectors that keep part of a group also return the recomputed ``advantages`` ``[B, T]``. A token
+    selector (:attr:`Selector.selects_tokens`) returns ``tokens``, bool ``[B, T]``: the response tokens whose
+    policy-gradient term trains, with ``keep`` the rows left with a kept token; ``token_weights`` (float
+    ``[B, T]``, ``None``: 1) multiply the kept tokens' loss (its normalisation, e.g. ``N / K``); ``mask_kl``
+    asks for the tokens left out to leave the KL and entropy terms too.
     """
 
     keep: Tensor
     advantages: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    tokens: Tensor | None = None
+    token_weights: Tensor | None = None
+    mask_kl: bool = False
 
 
 class Selector(Actuator):
@@ -185,6 +199,9 @@ class Selector(Actuator):
     rewrites_advantages: ClassVar[bool] = False
     #: Drops exactly the zero-variance groups (what verl's own ``algorithm.filter_groups`` evicts).
     filters_zero_variance: ClassVar[bool] = False
+    #: Selects response tokens, not rows (fed token-level scores; acts at ``on_advantage``): its
+    #: :class:`Selection` holds ``tokens``.
+    selects_tokens: ClassVar[bool] = False
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
@@ -348,6 +365,12 @@ class Replayer(Actuator):
         raise NotImplementedError(f"{type(self).__name__}.pick")
 
 
+def reads(component: Component) -> tuple[str, ...]:
+    """The batch fields a built component reads (:meth:`Component.requires_for` its parameters)."""
+    # getattr: a component whose __init__ skipped Component's has no checked parameters to add fields.
+    return tuple(type(component).requires_for(getattr(component, "config", {})))
+
+
 # ---------------------------------------------------------------------------- checks the bus relies on
 #: Components already warned about returning tensors that require grad (one warning each per process).
 _WARNED_GRAD: set[str] = set()
@@ -474,7 +497,10 @@ def class_attribute_problems(cls: type[Component]) -> list[str]:
         intended = getattr(cls, "intended_scorers", ())
         if not _is_names(intended):
             bad("intended_scorers", intended, "expected a sequence of scorer names")
-        for flag in ("rewrites_advantages", "filters_zero_variance"):
+        for flag in ("rewrites_advantages", "filters_zero_variance", "selects_tokens"):
             if not isinstance(getattr(cls, flag, False), bool):
                 bad(flag, getattr(cls, flag), "expected True or False")
+        if getattr(cls, "selects_tokens", False) is True and list(accepts or ()) != ["token"]:
+            bad("accepts", accepts, "a token selector (selects_tokens = True) acts on token-level scores only: "
+                "expected ('token',)")
     return problems

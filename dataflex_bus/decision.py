@@ -31,12 +31,15 @@ class Decision:
     empty-selection policy asked to skip this step's policy update. ``metrics``: ``dataflex/...``.
     ``on_empty``: the strictest ``on_empty`` of the methods that dropped rows (what a host does with a
     training block all of whose rows were dropped). ``nonfinite``: bool ``[B]`` rows dropped for a
-    non-finite score (never trained, whatever ``on_empty`` says). ``replay``: the rows a replay method
-    stores (:class:`ReplayDecision`; the host kit keeps the buffer).
+    non-finite score (never trained, whatever ``on_empty`` says). ``tokens``: bool ``[B, T]`` the response
+    tokens whose policy-gradient term trains (a token selection; ``None``: all), carried out through the loss
+    weights, so KL and entropy bonus keep every token unless ``mask_kl``: then the mask is written into
+    ``response_mask`` and ``loss_mask`` too. ``replay``: the rows a replay method stores
+    (:class:`ReplayDecision`; the host kit keeps the buffer).
     """
 
-    __slots__ = ("advantages", "domain_probs", "keep", "metrics", "nonfinite", "on_empty", "replay", "skip_update",
-                 "weights")
+    __slots__ = ("advantages", "domain_probs", "keep", "mask_kl", "metrics", "nonfinite", "on_empty", "replay",
+                 "skip_update", "tokens", "weights")
 
     def __init__(self) -> None:
         self.keep: Tensor | None = None
@@ -48,6 +51,8 @@ class Decision:
         self.on_empty: str | None = None
         self.nonfinite: Tensor | None = None
         self.replay: ReplayDecision | None = None
+        self.tokens: Tensor | None = None
+        self.mask_kl = False
 
     def drop(self, rows: Tensor, *, on_empty: str | None = None, nonfinite: bool = False) -> None:
         """Drop ``rows`` (bool ``[B]``): keep masks of several methods AND. ``on_empty``: the dropping
@@ -67,13 +72,22 @@ class Decision:
         if policy is not None and (self.on_empty is None or _STRICTNESS[policy] > _STRICTNESS[self.on_empty]):
             self.on_empty = policy
 
+    def keep_tokens(self, tokens: Tensor, *, mask_kl: bool = False, on_empty: str | None = None) -> None:
+        """Train the policy-gradient term on ``tokens`` (bool ``[B, T]``) only: the token masks of several
+        methods AND. ``mask_kl``: KL and entropy bonus leave the other tokens too. ``on_empty``: the method's
+        policy for a training block left without a kept token (as for a block of dropped rows)."""
+        self.tokens = tokens if self.tokens is None else self.tokens & tokens
+        self.mask_kl = self.mask_kl or mask_kl
+        self._note(on_empty)
+
     def scale(self, weights: Tensor) -> None:
         """Multiply ``[B, T]`` weights in: the weights of several methods multiply."""
         self.weights = weights if self.weights is None else self.weights * weights
 
     def __repr__(self) -> str:
         keep = None if self.keep is None else f"{int(self.keep.sum())}/{self.keep.numel()}"
-        return (f"Decision(keep={keep}, advantages={self.advantages is not None}, "
+        tokens = "" if self.tokens is None else f"tokens={int(self.tokens.sum())}/{self.tokens.numel()}, "
+        return (f"Decision(keep={keep}, {tokens}advantages={self.advantages is not None}, "
                 f"weights={self.weights is not None}, domain_probs={self.domain_probs}, "
                 f"skip_update={self.skip_update})")
 

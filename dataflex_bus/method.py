@@ -17,7 +17,7 @@ import torch
 
 from .block import MethodConfig
 from .bus import BatchWatch, guarded_call
-from .components import Actuator, Mixer, Score, Scorer, as_score
+from .components import Actuator, Mixer, Score, Scorer, as_score, reads
 from .errors import BatchFieldError, DataflexError
 from .mechanisms import mechanism
 
@@ -79,14 +79,14 @@ class Method:
         given names the component's plugin and the event."""
         component = self.scorer if who == "scorer" else self.actuator
         plugin = self.provenance.get(who, component.name)
-        watch = BatchWatch.for_component(args[0], component.requires) if args else None
+        watch = BatchWatch.for_component(args[0], reads(component)) if args else None
         return guarded_call(fn, args, plugin, self.event, watch)
 
     def score(self, batch: Batch, step: int, metrics: dict[str, float]) -> tuple[Batch, Score, Tensor | None]:
         """The score, and the rows ``on_nonfinite=drop`` dropped (``None``: none). The batch returned has
         those rows marked as padding, so no statistic, group or normalisation counts them."""
-        batch.require(self.scorer.who, self.scorer.requires)
-        batch.require(self.actuator.who, self.actuator.requires)
+        batch.require(self.scorer.who, reads(self.scorer))
+        batch.require(self.actuator.who, reads(self.actuator))
         score = self.call("scorer", self._scored, batch, step)
         values = score.values
         bad = batch.nonfinite_rows(values) if values.dim() >= 1 and values.shape[0] == len(batch) else None

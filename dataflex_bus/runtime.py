@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .block import DataflexConfig
 from .bus import EventBus
+from .components import reads
 from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
@@ -171,7 +172,7 @@ class Runtime:
         wanted: set[str] = set()
         if self.pipeline is not None:
             for m in self.pipeline.at(event):
-                wanted |= {*m.scorer.requires, *getattr(m.actuator, "requires", ())}
+                wanted |= {*reads(m.scorer), *reads(m.actuator)}
         hook = self.plugins.pm.hook.dataflex_fields
         for impl in hook.get_hookimpls():
             try:

@@ -112,7 +112,7 @@ def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Regist
         issues.extend(found)
     if s_cls is None or a_cls is None:
         return None
-    issues.extend(_check_fit(method, s_cls, a_cls, host, key))
+    issues.extend(_check_fit(method, s_cls, a_cls, host, key, s_params or {}, a_params or {}))
     if len(issues) > before:
         return None
     if cfg.domains:
@@ -154,8 +154,9 @@ def _later_timing(cls: type[Scorer] | type[Actuator], who: str, host: HostDescri
 
 
 def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator], host: HostDescription,
-               key: str) -> list[ConfigIssue]:
-    """What every method must satisfy, then its mechanism's own rules."""
+               key: str, s_params: Mapping[str, Any], a_params: Mapping[str, Any]) -> list[ConfigIssue]:
+    """What every method must satisfy, then its mechanism's own rules (``*_params``: the checked parameters,
+    which may add fields a component reads)."""
     issues: list[ConfigIssue] = []
     mech = mechanism(method.mechanism)
     sname, aname = method.scorer.name, method.actuator.name
@@ -172,8 +173,9 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
     event = mech.event(s_cls, a_cls)
     needs: list[tuple[str, type[Scorer] | type[Actuator], str]] = [
         ("scorer", s_cls, TIMINGS[s_cls.timing]), ("actuator", a_cls, event)]
+    params = {"scorer": s_params, "actuator": a_params}
     for who, cls, at in needs:
-        missing = [f for f in cls.requires if not host.provides(at, f)]
+        missing = [f for f in cls.requires_for(params[who]) if not host.provides(at, f)]
         if missing:
             reasons = "".join(host.why_not(f) for f in missing)
             where = f"timing {cls.timing}" if who == "scorer" else "where the method acts"  # type: ignore[union-attr]
@@ -305,8 +307,10 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) ->
     nothing of what reaches it would skip every update, one that keeps everything does nothing. Advisory: a
     component that cannot run on the probe (fields it lacks, state it expects) ends the probe without a
     warning."""
+    # Token selections keep rows (only their tokens vary): the probe's row outcomes say nothing of them.
     selects = [i for i, m in enumerate(cfg.methods)
-               if m.resolved is not None and issubclass(m.resolved.actuator.load(), Selector)]
+               if m.resolved is not None and issubclass(cls := m.resolved.actuator.load(), Selector)
+               and not cls.selects_tokens]
     if not selects or n < 2:
         return []
     import torch

@@ -4,7 +4,10 @@ A selector keeps rows. Fed a ``pre_rollout`` score it acts at ``on_prompts``, be
 a selection that keeps or drops whole groups acts at ``on_rollout``, before any further compute is spent on
 the groups it drops; any other selection acts at ``on_advantage``, where a dropped row is masked out of the
 loss after its group's advantage (dropping part of a group earlier would change the GRPO baseline of the
-rest). Subset selectors (PODS) also return advantages recomputed over the rows they keep.
+rest). Subset selectors (PODS) also return advantages recomputed over the rows they keep. A token selector
+(``Selector.selects_tokens``, fed token-level scores) keeps response tokens instead: it acts at
+``on_advantage``, and the host kit carries its mask out through the loss weights (see
+:func:`~dataflex_bus.carry.carry_out_advantage`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from ..components import Actuator, Scorer, Selector
+from ..components import Actuator, Scorer, Selection, Selector
 from ..errors import BatchFieldError, ConfigIssue
 from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
 
@@ -37,6 +40,9 @@ class Select(Mechanism):
         if event == "on_rollout" and not (issubclass(actuator, Selector)
                                           and actuator.keeps_whole_groups(scorer.granularity)):
             # Row-level drops before the advantage would shift the GRPO baseline of the rows left.
+            event = "on_advantage"
+        if _selects_tokens(actuator) and event in ("on_prompts", "on_rollout"):
+            # A token mask is carried out in the loss, which exists from on_advantage on.
             event = "on_advantage"
         return event
 
@@ -84,14 +90,20 @@ class Select(Mechanism):
         if timing_after(scorer.timing, "post_advantage"):
             issues.append(ConfigIssue(f"{key}.scorer.name",
                                       f"scorer {sname!r} runs {scorer.timing}, after the update it would select for"))
+        issues.extend(_token_issues(scorer, actuator, host, key, sname, aname))
         return issues
 
     def check_stack(self, entries: Sequence[tuple[str, type[Actuator]]]) -> list[ConfigIssue]:
+        issues = []
         rewriters = [k for k, cls in entries if getattr(cls, "rewrites_advantages", False)]
         if len(rewriters) > 1:
-            return [ConfigIssue(rewriters[1], f"{rewriters[0]} already recomputes advantages over the rows it "
-                                "keeps; two subset selectors would overwrite each other's advantages")]
-        return []
+            issues.append(ConfigIssue(rewriters[1], f"{rewriters[0]} already recomputes advantages over the rows "
+                                      "it keeps; two subset selectors would overwrite each other's advantages"))
+        tokens = [k for k, cls in entries if _selects_tokens(cls)]
+        if len(tokens) > 1:
+            issues.append(ConfigIssue(tokens[1], f"{tokens[0]} already selects tokens; a stack may hold one token "
+                                      "selection (each normalises the loss over the tokens it keeps)"))
+        return issues
 
     def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:
         import torch
@@ -100,6 +112,9 @@ class Select(Mechanism):
         actuator = run.actuator
         assert isinstance(actuator, Selector)
         sel = run.call("actuator", actuator.select, view, score, step)
+        if actuator.selects_tokens:
+            _apply_tokens(run, batch, view, sel, step, decision, dropped)
+            return
         keep = sel.keep.to(torch.bool)
         if keep.shape != (len(view),):
             raise BatchFieldError(actuator.who, "keep", f"expected shape ({len(view)},), got {tuple(keep.shape)}")
@@ -132,6 +147,64 @@ class Select(Mechanism):
         if sel.advantages is not None:
             view.check_finite(actuator.who, "advantages", sel.advantages)
             decision.advantages = sel.advantages
+
+
+def _selects_tokens(actuator: type[Actuator]) -> bool:
+    return issubclass(actuator, Selector) and actuator.selects_tokens
+
+
+def _token_issues(scorer: type[Scorer], actuator: type[Actuator], host: HostDescription, key: str, sname: str,
+                  aname: str) -> list[ConfigIssue]:
+    """Token scores feed token selectors only; a token selection needs the host to weight the loss per token."""
+    issues = []
+    # (A selector not accepting token scores at all is refused by the granularity check already.)
+    if scorer.granularity == "token" and "token" in actuator.accepts and not _selects_tokens(actuator):
+        issues.append(ConfigIssue(f"{key}.actuator.name", f"scorer {sname!r} gives token-level scores, but "
+                                  f"{actuator.kind} {aname!r} keeps rows; feed it a row score, or use a token "
+                                  "selector (such as top_entropy)"))
+    if _selects_tokens(actuator) and not host.can("loss_weights"):
+        issues.append(ConfigIssue(f"{key}.actuator.name", f"{actuator.kind} {aname!r} selects tokens through "
+                                  f"per-token loss weights, which host {host.name!r} does not multiply into its "
+                                  f"loss{host.why_not('loss_weights')}"))
+    return issues
+
+
+def _apply_tokens(run: MethodRun, batch: Batch, view: Batch, sel: Selection, step: int, decision: Decision,
+                  dropped: Tensor | None) -> None:
+    """A token selection into ``decision``: its mask and normalisation weights. Only a method keeping no token
+    at all is an empty selection (``on_empty``); under ``mask_kl`` a row left without a kept token has nothing
+    left in the loss and is dropped like any row."""
+    import torch
+
+    from .weights import expand_weights
+
+    who = run.actuator.who
+    if sel.tokens is None:
+        raise BatchFieldError(who, "tokens", "a token selector (selects_tokens) must return Selection.tokens")
+    real = view.token_mask
+    if tuple(sel.tokens.shape) != tuple(real.shape):
+        raise BatchFieldError(who, "tokens", f"expected shape {tuple(real.shape)}, got {tuple(sel.tokens.shape)}")
+    tokens = sel.tokens.to(torch.bool) & real
+    rows = tokens.any(dim=1)
+    metrics, p = decision.metrics, run.prefix
+    n_real, n_rows, n_tokens, n_kept = (int(x) for x in torch.stack(
+        [view.valid_rows.sum(), rows.sum(), view.lengths.sum(), tokens.sum()]).tolist())
+    metrics[f"{p}kept_fraction"] = n_rows / n_real if n_real else 0.0
+    metrics[f"{p}kept_rows"] = float(n_rows)
+    metrics[f"{p}kept_tokens"] = float(n_kept)
+    metrics[f"{p}kept_token_fraction"] = n_kept / n_tokens if n_tokens else 0.0
+    metrics[f"{p}kept_groups"] = float(torch.unique(view.group_index[rows]).numel())
+    for k, v in sel.metrics.items():
+        metrics[f"{p}{k}"] = float(v)
+    if run.empty(batch, rows, step, decision, dropped):
+        return
+    policy = run.config.on_empty
+    decision.keep_tokens(tokens, mask_kl=sel.mask_kl, on_empty=policy)
+    if sel.mask_kl:
+        decision.restrict(rows, on_empty=policy)
+    if sel.token_weights is not None:
+        weights, _ = expand_weights(sel.token_weights, view, who)
+        decision.scale(weights)
 
 
 def _check_whole_groups(actuator: Actuator, batch: Batch, keep: Tensor) -> None:
