@@ -123,6 +123,18 @@ def rows_in(blocks: Tensor, which: Tensor, size: int) -> Tensor:
     return rows
 
 
+def minibatch_index(blocks: Tensor | None, rows: int) -> Tensor:
+    """Long ``[rows]``: the first epoch's block of each row (see :func:`carry_out_advantage` for ``blocks``);
+    all 0 without blocks, where the host trains the batch as one block."""
+    out = torch.zeros(rows, dtype=torch.long)
+    if blocks is None:
+        return out
+    size = blocks.shape[1]
+    first = blocks[: rows // size]  # the blocks of one epoch partition the rows
+    out[first.flatten()] = torch.arange(first.shape[0]).repeat_interleave(size)
+    return out
+
+
 def unkept_tokens(batch: Batch, decision: Decision) -> Tensor | None:
     """Bool ``[B, T]``: the real response tokens a token selection leaves out of the policy-gradient term
     (``None``: the decision selects no tokens)."""

@@ -97,8 +97,10 @@ def on_advantage(batch: Batch, step: int, decision: Decision) -> None:
 
     Adds ``loss_mask``, ``advantages`` and, when the host computed them, ``rollout_is_weights``; available
     on request: ``old_log_probs``, ``ref_log_prob``, ``returns``, ``entropy``, ``values``,
-    ``token_level_rewards``. ``reweight`` methods, ``select`` methods with a ``post_advantage`` scorer and
-    subset selectors (which rewrite ``advantages`` over the rows they keep) act here.
+    ``token_level_rewards`` and, where the host's mini-batches are fixed before the update,
+    ``minibatch_index`` (each row's optimizer step). ``reweight`` methods, ``select`` methods with a
+    ``post_advantage`` scorer, subset selectors (which rewrite ``advantages`` over the rows they keep) and
+    token selectors (which keep response tokens) act here.
     """
 
 

@@ -33,6 +33,11 @@ EVENT_FIELDS["on_advantage"] = EVENT_FIELDS["on_rollout"] | {
     "old_log_probs", "ref_log_prob", "advantages", "returns", "rollout_is_weights", "entropy", "values",
     "token_level_rewards"}
 EVENT_FIELDS["on_step_end"] = EVENT_FIELDS["on_advantage"]
+#: Long ``[B]``: the mini-batch (optimizer step) of the update each row trains in, filled in by the host kit
+#: from the host's training blocks; a host provides it where those are fixed before the update (the same
+#: partition every epoch). A token selection over ``scope: minibatch`` reads it.
+MINIBATCH_INDEX = "minibatch_index"
+EVENT_FIELDS["on_advantage"] = EVENT_FIELDS["on_advantage"] | {MINIBATCH_INDEX}
 
 #: Fields every host provides at every event from ``on_rollout`` on, whatever the methods ask for.
 GUARANTEED = frozenset({"uid", "data_source", "response_mask", "rm_scores"})

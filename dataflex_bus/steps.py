@@ -40,12 +40,14 @@ from .carry import (
     carry_out_prompts,
     carry_out_rollout,
     first_group,
+    minibatch_index,
     sampling_probabilities,
 )
 from .decision import Decision
 from .errors import DataflexError
 from .fill import GroupFill, PromptCounts, PromptFill, kept_groups
 from .mechanisms.replay import VERSION_FIELD
+from .host import MINIBATCH_INDEX
 from .step_metrics import Counters, RolloutStats, trained_metrics
 
 if TYPE_CHECKING:
@@ -353,12 +355,15 @@ class Step:
         :func:`~dataflex_bus.carry.carry_out_advantage` for ``blocks``). With a replay method: ``replay_rows``
         (long ``[B]``) is each row's index in :attr:`replayed` (-1: fresh; default the batch's ``replay_row``),
         the replayed rows are corrected for being off-policy (:meth:`Replay.correct`) and
-        :attr:`AdvantageAction.store` marks the rows to hand to :meth:`store`."""
+        :attr:`AdvantageAction.store` marks the rows to hand to :meth:`store`. A method reading each row's
+        mini-batch gets ``minibatch_index`` from ``blocks`` (without blocks the batch is one mini-batch)."""
         replay = self.runtime.replay
         if replay is not None:
             batch = self._with_replay_fields(batch, replay_rows)
         if not self.runtime.listens("on_advantage"):
             return AdvantageAction()
+        if MINIBATCH_INDEX in self.runtime.fields("on_advantage") and MINIBATCH_INDEX not in batch.fields:
+            batch = batch.with_fields(minibatch_index=minibatch_index(blocks, len(batch)))
         decision = self.runtime.emit("on_advantage", batch, self.index)
         self.metrics.update(decision.metrics)
         action = carry_out_advantage(batch, decision, blocks=blocks, block_multiple=block_multiple)

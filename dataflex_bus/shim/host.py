@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
+from ..host import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
 
 NAME = "shim"
 ON_ROLLOUT = frozenset({"prompts", "responses", "response_mask", "loss_mask", "rm_scores", "rollout_log_probs",
@@ -36,8 +36,14 @@ def describe(resolved: Mapping[str, Any], *, group_size: bool = True) -> HostDes
         advantage.add("ref_log_prob")
     else:
         missing["ref_log_prob"] = "trainer.kl_coef is 0, so the shim keeps no reference policy"
+    step_end = frozenset(advantage)
+    if trainer["mini_batches"] == 1:
+        advantage.add(MINIBATCH_INDEX)  # one mini-batch: the whole batch (the host kit fills it in)
+    else:
+        missing[MINIBATCH_INDEX] = (f"trainer.mini_batches={trainer['mini_batches']} splits the batch at random in "
+                                    "every epoch, after on_advantage; set trainer.mini_batches=1")
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
-              "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
+              "on_advantage": frozenset(advantage), "on_step_end": step_end}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(CAPABILITIES), adv_estimator="grpo",
                            group_size=int(trainer["group_size"]) if group_size else None, loss_agg="token-mean",
                            missing=missing)

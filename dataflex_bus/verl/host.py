@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigIssue
-from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
+from ..host import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
 
 if TYPE_CHECKING:
     from ..block import DataflexConfig
@@ -115,8 +115,14 @@ def describe(config: Any) -> HostDescription:
         missing["replay"] = (f"the adapter replays in the synchronous trainer only (trainer mode {mode!r}): set "
                              "trainer.v1.trainer_mode=dataflex_sync")
     rollout_is = select(config, f"{ROLLOUT_CORRECTION}.rollout_is")
+    step_end = frozenset(advantage - {MINIBATCH_INDEX})
+    actor = "actor_rollout_ref.actor"
+    epochs = select(config, f"{actor}.ppo_epochs", 1)
+    if bool(select(config, f"{actor}.shuffle", False)) and not (isinstance(epochs, int) and epochs <= 1):
+        lacks(MINIBATCH_INDEX, f"{actor}.shuffle=true draws another mini-batch partition in every epoch "
+              f"(ppo_epochs={epochs}); set {actor}.shuffle=false or ppo_epochs=1", advantage)
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
-              "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
+              "on_advantage": frozenset(advantage), "on_step_end": step_end}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
                            group_size=n, loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
                                                              "token-mean")),

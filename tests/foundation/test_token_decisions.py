@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from dataflex_bus import Batch, Score, Scorer, Selection, Selector, build_pipeline
-from dataflex_bus.carry import carry_out_advantage, carry_out_rollout
+from dataflex_bus.carry import carry_out_advantage, carry_out_rollout, minibatch_index
 from dataflex_bus.components import Param, class_attribute_problems
 from dataflex_bus.decision import Decision
 from dataflex_bus.errors import BatchFieldError, ConfigError, DataflexError
+from dataflex_bus.runtime import Runtime
+from dataflex_bus.steps import StepKit
 from dataflex_bus.validation import validate
 
 #: 4 rows of 4 tokens; row 3 has 2. Blocks of 2 rows, scrambled.
@@ -110,6 +112,12 @@ def test_a_block_left_without_a_kept_token_follows_on_empty(mask_kl):
     else:
         assert action.fields["rollout_is_weights"].tolist() == [
             [1, 1, 1, 1], [0, 1, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1]]
+
+
+def test_minibatch_index_is_the_first_epochs_block_of_each_row():
+    blocks = torch.tensor([[0, 5], [1, 4], [2, 7], [3, 6], [6, 1], [0, 2], [5, 7], [3, 4]])  # two epochs
+    assert minibatch_index(blocks, 8).tolist() == [0, 1, 2, 3, 1, 0, 3, 2]
+    assert minibatch_index(None, 3).tolist() == [0, 0, 0]
 
 
 # ---------------------------------------------------------------------------- the mechanism and validation
@@ -215,3 +223,49 @@ def test_stacked_methods_see_the_rows_a_mask_route_token_selection_dropped(toy):
     d = build_pipeline(block).apply(batch4(), 0)
     # row 3 (no kept token) is padding to the later method: it keeps the top half of the 3 rows left
     assert d.keep.tolist() == [True, True, False, False] and d.tokens is not None
+
+
+def test_the_kit_fills_in_minibatch_index_for_a_method_that_reads_it(register):
+    seen = {}
+
+    class Reads(Selector):
+        accepts = ("token",)
+        selects_tokens = True
+        min_timing = "post_advantage"
+
+        @classmethod
+        def requires_for(cls, values):
+            return ("response_mask", "minibatch_index")
+
+        def select(self, batch, score, step):
+            seen["index"] = batch["minibatch_index"]
+            return Selection(keep=batch.valid_rows, tokens=batch.token_mask)
+
+    register("scorer", "t_position", Position)
+    register("selector", "t_reads", Reads)
+    runtime = Runtime({**TOKENS, "actuator": {"name": "t_reads"}})
+    assert "minibatch_index" in runtime.fields("on_advantage")
+    step = StepKit(runtime).begin(0)
+    step.advantage(batch4(), blocks=BLOCKS, block_multiple=2)
+    assert seen["index"].tolist() == [0, 1, 0, 1]
+    step.advantage(batch4())
+    assert seen["index"].tolist() == [0, 0, 0, 0]
+
+
+def test_hosts_provide_minibatch_index_where_their_mini_batches_are_fixed_before_the_update():
+    from dataflex_bus.shim.config import prepare
+    from dataflex_bus.shim.host import describe as shim
+    from dataflex_bus.verl.host import describe as verl
+
+    def fields(host) -> tuple[bool, bool]:
+        return "minibatch_index" in host.fields["on_advantage"], "minibatch_index" in host.fields["on_step_end"]
+
+    one = shim(prepare({"trainer": {"mini_batches": 1}}).resolved)
+    two = shim(prepare({"trainer": {"mini_batches": 2}}).resolved)
+    assert fields(one) == (True, False) and fields(two) == (False, False)
+    assert "trainer.mini_batches=1" in two.why_not("minibatch_index")
+    actor = {"ppo_epochs": 2, "shuffle": True}
+    shuffled = verl({"actor_rollout_ref": {"actor": actor}})
+    assert fields(shuffled) == (False, False) and "shuffle=true" in shuffled.why_not("minibatch_index")
+    for ok in ({**actor, "shuffle": False}, {**actor, "ppo_epochs": 1}):
+        assert fields(verl({"actor_rollout_ref": {"actor": ok}})) == (True, False)
