@@ -232,7 +232,7 @@ class DecisionView:
         object.__setattr__(self, "_decision", decision)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("drop", "restrict", "scale"):
+        if name in ("drop", "restrict", "scale", "keep_tokens"):
             raise AttributeError(f"the decision is read-only for observers (Decision.{name} is for participants)")
         value = getattr(self._decision, name)
         return ReadOnlyDict(value) if isinstance(value, dict) else value
@@ -374,7 +374,8 @@ class EventBus:
         if self.check_writes:
             self._decision_versions = tuple(
                 (f"Decision.{name}", t, t._version) for name, t in
-                (("keep", decision.keep), ("advantages", decision.advantages), ("weights", decision.weights))
+                (("keep", decision.keep), ("advantages", decision.advantages), ("weights", decision.weights),
+                 ("tokens", decision.tokens))
                 if isinstance(t, Tensor))
         given = (batch, step, DecisionView(decision))
         for fn, pick in calls:

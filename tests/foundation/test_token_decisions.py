@@ -269,3 +269,14 @@ def test_hosts_provide_minibatch_index_where_their_mini_batches_are_fixed_before
     assert fields(shuffled) == (False, False) and "shuffle=true" in shuffled.why_not("minibatch_index")
     for ok in ({**actor, "shuffle": False}, {**actor, "ppo_epochs": 1}):
         assert fields(verl({"actor_rollout_ref": {"actor": ok}})) == (True, False)
+
+
+def test_observers_read_the_token_mask_and_cannot_change_it():
+    from dataflex_bus.bus import DecisionView
+
+    view = DecisionView(token_decision(KEEP))
+    assert view.tokens.int().tolist() == KEEP and view.mask_kl is False
+    with pytest.raises(AttributeError, match="read-only"):
+        view.keep_tokens(tokens_of(KEEP))
+    with pytest.raises(AttributeError, match="read-only"):
+        view.mask_kl = True
