@@ -15,5 +15,7 @@ def dataflex_register(register):
              summary="mean/sum/max of |advantage| over a rollout's tokens")
     register("scorer", "token_prob", f"{_M}:TokenProb",
              summary="per-token probability exp(old_log_probs)")
+    register("scorer", "token_entropy", f"{_M}:TokenEntropy",
+             summary="per-token entropy of the policy (the host's entropy field)")
     register("scorer", "zero_variance_streak", "dataflex_plugins.methods.prompts:ZeroVarianceStreak",
              summary="pre-rollout: signed length of the prompt's current run of all-right/all-wrong visits")

@@ -15,5 +15,7 @@ def dataflex_register(register):
              summary="keep the top fraction of rows by score, stable ties")
     register("selector", "max_variance", f"{_M}:MaxVariance",
              summary="PODS: per group keep the max-variance subset, advantages recomputed")
+    register("selector", "top_entropy", "dataflex_plugins.methods.tokens:TopEntropy",
+             summary="token selection: train the policy gradient on the top-rho tokens by score (80/20 rule)")
     register("selector", "greso", "dataflex_plugins.methods.prompts:Greso",
              summary="GRESO: skip prompts likely zero-variance again, before generation (adaptive exploration)")

@@ -7,16 +7,18 @@ import pytest
 from dataflex_bus.discovery import get_plugins
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
-FIRST_PARTY = ["reward_difficulty", "group_solve_rate", "advantage_magnitude", "token_prob",
-               "zero_variance_streak", "threshold_band", "dapo", "topk_fraction", "max_variance", "greso",
-               "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static", "rollout_replay"]
+SCORERS = ["reward_difficulty", "group_solve_rate", "advantage_magnitude", "token_prob", "zero_variance_streak",
+           "token_entropy"]
+FIRST_PARTY = [*SCORERS, "threshold_band", "dapo", "topk_fraction", "max_variance", "greso", "top_entropy",
+               "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static",
+               "rollout_replay"]
 
 
 @pytest.mark.parametrize("name", FIRST_PARTY)
 def test_component_and_params_are_documented(name):
     text = DOC.read_text()
     registry = get_plugins().registry()
-    slot = "scorer" if name in FIRST_PARTY[:5] else "actuator"
+    slot = "scorer" if name in SCORERS else "actuator"
     cls = registry.resolve(slot, name).load()
     assert f"`{name}" in text, f"docs/methods.md does not document {name}"
     section = text[text.index(f"`{name}"):]

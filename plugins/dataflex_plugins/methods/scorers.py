@@ -121,3 +121,35 @@ class TokenProb(Scorer):
         # exp(-inf) = 0 off the mask; a NaN/inf on a valid token stays visible to the finiteness check.
         values = torch.where(batch.token_mask, lp, float("-inf")).exp_()
         return Score(values=values, granularity="token")
+
+
+class TokenEntropy(Scorer):
+    """``s[i, t] = entropy[i, t]`` on valid tokens, 0 elsewhere (token granularity): the host's per-token
+    entropy of the policy, in nats over the whole vocabulary, on temperature-scaled logits (verl writes it with
+    the old log-probs; the shim computes it with its old log-probs when asked).
+
+    Metrics describe the distribution "Beyond the 80/20 Rule" reads (arXiv 2506.01939: for Qwen3-8B over half
+    of the tokens have H < 0.01): ``entropy/mean`` and ``entropy/below_0.01``, the share of valid tokens below
+    0.01 nats.
+    """
+
+    requires: ClassVar = ("entropy", "response_mask")
+    timing: ClassVar = "post_advantage"
+    granularity: ClassVar = "token"
+    params: ClassVar = {}
+
+    def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
+        from ._checks import check_token_shape
+
+        entropy = batch["entropy"]
+        check_token_shape(self.who, "entropy", entropy, batch)
+        tm = batch.token_mask
+        # where(), not a product: a NaN past a response's end must not reach the score (float32 holds bf16 exactly).
+        values = torch.where(tm, entropy.to(torch.float32), 0.0)
+        n = int(batch.lengths.sum())
+        metrics = {}
+        if n:
+            total, below = torch.stack([values.sum(dtype=torch.float64),
+                                        ((values < 0.01) & tm).sum().to(torch.float64)]).tolist()
+            metrics = {"entropy/mean": total / n, "entropy/below_0.01": below / n}
+        return Score(values=values, granularity="token", metrics=metrics)
