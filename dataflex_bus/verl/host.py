@@ -137,12 +137,19 @@ def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> lis
     from ..mechanisms import mechanism
 
     mechs = [mechanism(m.mechanism) for m in cfg.methods]
-    issues = []
+    issues: list[ConfigIssue] = []
     actor = "actor_rollout_ref.actor"
     loss_mode = str(select(config, f"{actor}.policy_loss.loss_mode", "vanilla"))
     if any(m.name == "reweight" for m in mechs) and loss_mode in WEIGHT_COLLAPSING_LOSSES:
         log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
                     "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
+    if loss_mode in WEIGHT_COLLAPSING_LOSSES:
+        # A token mask is 0 on the tokens left out: their geometric mean is ~0 for every sequence they are in.
+        issues.extend(ConfigIssue(f"{actor}.policy_loss.loss_mode",
+                                  f"{loss_mode} turns rollout_is_weights into one geometric mean per sequence, so the "
+                                  f"token selection of {mkey} would zero every sequence with a token left out",
+                                  hint=f"use one of {', '.join(WEIGHT_LOSSES)}")
+                      for mkey in _token_selections(cfg, key))
     agg = str(select(config, f"{actor}.loss_agg_mode", "token-mean"))
     drops_at_advantage = any(
         (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop")
@@ -238,3 +245,11 @@ def _same_threshold(threshold: Any, cap: float) -> bool:
         return abs(float(threshold) - cap) <= 1e-9 * max(1.0, cap)
     except (TypeError, ValueError):
         return False
+
+
+def _token_selections(cfg: DataflexConfig, key: str) -> list[str]:
+    """The config keys of the block's methods that select tokens."""
+    from ..validation import method_keys
+
+    return [mkey for m, mkey in zip(cfg.methods, method_keys(cfg, key))
+            if m.resolved is not None and getattr(m.resolved.actuator.load(), "selects_tokens", False)]

@@ -313,3 +313,24 @@ def test_the_entropy_scorer_reads_valid_tokens_only_and_reports_the_distribution
     assert d.metrics["dataflex/entropy/below_0.01"] == 0.0
     d = decide(fixture(torch.full((2, 5), 0.001)), rho=0.2)
     assert d.metrics["dataflex/entropy/below_0.01"] == 1.0
+
+
+# ---------------------------------------------------------------------------- hosts
+@pytest.mark.parametrize(("setting", "key", "says"), [
+    ({"algorithm": {"rollout_correction": {"bypass_mode": True}}}, "dataflex.scorer.name",
+     "algorithm.rollout_correction.bypass_mode=true"),
+    ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "bypass_mode"}}}}, "dataflex.actuator.name",
+     "loss_mode=bypass_mode ignores rollout_is_weights"),
+    ({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "geo_mean"}}}},
+     "actor_rollout_ref.actor.policy_loss.loss_mode", "geometric mean per sequence"),
+])
+def test_verl_settings_without_entropy_or_per_token_weights_are_refused_naming_verl_and_the_key(setting, key, says):
+    from dataflex_bus.verl.host import describe
+
+    with pytest.raises(ConfigError) as err:
+        validate(block(), host=describe(setting))
+    found = {i.key: str(i) for i in err.value.issues}
+    assert says in found[key], found
+    if key.startswith("dataflex."):
+        assert "host 'verl'" in found[key]
+    validate(block(), host=describe({}))
