@@ -397,14 +397,17 @@ class Step:
         self.kit.counters.add(trained_rows=rows, trained_tokens=int(out["dataflex/trained/tokens"]),
                               trained_groups=int(out["dataflex/trained/groups"]), replayed_rows=again)
 
-    def trained_batch(self, batch: Batch) -> None:
+    def trained_batch(self, batch: Batch, *, generated: Batch | None = None) -> None:
         """:meth:`trained` for a host that trains on exactly the real rows of ``batch`` (its ``replay_row`` field,
-        where present, marks the replayed ones)."""
+        where present, marks the replayed ones). ``generated``: the same rows as ``on_advantage`` saw them, whose
+        response lengths and rewards the metrics report (a token mask written into ``response_mask`` would
+        shorten them, and lose a reward on a token left out)."""
         mask = batch.get("loss_mask")
         tokens = (batch["response_mask"] if mask is None else mask).ne(0).sum(dim=1)
-        rows = batch.get("replay_row")
-        self.trained(batch.valid_rows & (tokens > 0), tokens, batch.rewards, batch.lengths, batch.group_index,
-                     replayed=None if rows is None else rows >= 0)
+        rows = batch if generated is None else generated
+        replay = batch.get("replay_row")
+        self.trained(batch.valid_rows & (tokens > 0), tokens, rows.rewards, rows.lengths, batch.group_index,
+                     replayed=None if replay is None else replay >= 0)
 
     def skipped(self) -> None:
         """The step's update was skipped (an empty selection, every mini-batch emptied, ...)."""

@@ -204,6 +204,7 @@ class ShimTrainer:
 
         action = step.advantage(batch)
         step.store()  # the rows a replay method marked (their fields are all in this batch)
+        generated = batch if action.keep is None else batch.select(action.keep)
         batch, skipped = apply_advantage(batch, action)
         skip = skip or skipped or len(batch) == 0
         tick = time.perf_counter()
@@ -211,7 +212,7 @@ class ShimTrainer:
             step.skipped()
         else:
             metrics.update(self._update(batch))
-            step.trained_batch(batch)
+            step.trained_batch(batch, generated=generated)
         metrics["time/update_s"] = time.perf_counter() - tick
 
         metrics.update(step.end(batch))

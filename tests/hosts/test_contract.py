@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import contract_components  # noqa: F401  (registers contract_token_score, the same on every host)
 import pytest
 from world import DOMAINS, StepRecord, World
 
@@ -140,6 +141,28 @@ def _replay_mixed(records: list[StepRecord]) -> None:
     assert len(sort) == 16 and sort.count(sort[-1]) == 6 and sort[-1] > 0 > sort[0]
 
 
+def _tokens(masked: bool) -> Callable[[list[StepRecord]], None]:
+    """The 80/20 block on ``contract_token_score``: 25 of the world's 84 valid tokens score at or above the 0.7
+    quantile (0.67). Through the weights every row trains (KL and the denominator keep its tokens), the kept
+    tokens weighted N / K for selected_tokens; under mask_kl only the kept tokens are in the loss masks, the 10
+    rows left without one are dropped, and all_tokens weights the kept ones K / N."""
+
+    def expect(records: list[StepRecord]) -> None:
+        (r,) = records
+        m = r.metrics
+        assert (m["dataflex/kept_tokens"], m["dataflex/kept_token_fraction"]) == (25, pytest.approx(25 / 84))
+        assert m["dataflex/top_entropy/threshold"] == pytest.approx(0.67)
+        if masked:
+            assert len(r.trained) == 14 and sum(x.tokens for x in r.trained.values()) == 25
+            assert {w for x in r.trained.values() for w in x.weights} == {round(25 / 84, 5)}
+        else:
+            assert len(r.trained) == 24 and sum(x.tokens for x in r.trained.values()) == 84
+            weights = [w for x in r.trained.values() for w in (x.weights or (1.0,) * x.tokens)]
+            assert sorted(set(weights)) == [0.0, round(84 / 25, 5)] and weights.count(round(84 / 25, 5)) == 25
+
+    return expect
+
+
 def _greso(records: list[StepRecord]) -> None:
     assert len(records) == 3
     assert all(r.metrics["dataflex/prompts_generated"] == 4 for r in records)
@@ -182,6 +205,11 @@ CASES: dict[str, Case] = {
     "replay-repo": Case({**REPLAY, "actuator": {"name": "rollout_replay", "params": REPO}}, _replay_repo, steps=3),
     "replay-mixed": Case({**REPLAY, "actuator": {"name": "rollout_replay", "params": {**REPO, "advantage": "mixed"}}},
                          _replay_mixed, steps=3),
+    # the 80/20 block (quantile form: ties at the threshold are kept or dropped together, whatever the row order)
+    **{f"select-tokens-{route}": Case({"mechanism": "select", "scorer": {"name": "contract_token_score"},
+                                       "actuator": {"name": "top_entropy", "params": {
+                                           "rho": 0.3, "form": "quantile", **params}}}, _tokens(route == "masks"))
+       for route, params in (("weights", {"normalize": "selected_tokens"}), ("masks", {"mask_kl": True}))},
     "prompts-greso": Case({"methods": [
         {"name": "greso", "mechanism": "select", "scorer": {"name": "zero_variance_streak"},
          "actuator": {"name": "greso", "params": {"p_easy_init": 0.5, "p_hard_init": 0.5, "adapt_from_epoch": 0}}},

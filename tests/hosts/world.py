@@ -97,15 +97,17 @@ def add_row(record: StepRecord, domain: str, row: int, session: int, value: Row)
 
 def row_record(advantages: Any, weights: Any, mask: Any, old: Any = None, mu: Any = None) -> Row:
     """A :class:`Row` from one row's dense advantages, weights (or ``None``) and loss mask (and, where
-    recorded, its old and behaviour log-probs)."""
-    length = int((mask != 0).sum())
-    adv = tuple(round(float(a), 5) for a in advantages[:length])
+    recorded, its old and behaviour log-probs), on the loss-mask tokens (a token selection under mask_kl
+    leaves gaps in the mask)."""
+    on = mask[: len(advantages)] != 0
+    length = int(on.sum())
+    adv = tuple(round(float(a), 5) for a in advantages[: len(on)][on])
     w = None
     if weights is not None:
-        values = tuple(round(float(x), 5) for x in weights[:length])
+        values = tuple(round(float(x), 5) for x in weights[: len(on)][on])
         w = None if all(x == 1.0 for x in values) else values
 
     def values_of(t: Any) -> tuple[float, ...] | None:
-        return None if t is None else tuple(round(float(x), 5) for x in t[:length])
+        return None if t is None else tuple(round(float(x), 5) for x in t[: len(on)][on])
 
     return Row(adv, w, length, values_of(old), values_of(mu))

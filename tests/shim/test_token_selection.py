@@ -58,13 +58,17 @@ def test_the_shim_trains_on_the_top_entropy_tokens_of_its_old_policy(recorder, u
 
 def test_mask_kl_removes_the_rows_left_without_a_kept_token(recorder, updates):
     block = {**BLOCK, "actuator": {"name": "top_entropy", "params": {"rho": 0.05, "mask_kl": True}}}
-    run_training(tiny(block, trainer={"mini_batches": 1}), steps=1)
+    (m,) = run_training(tiny(block, trainer={"mini_batches": 1}), steps=1).metrics
     (batch, decision), = [(b, d) for name, _, b, d in recorder.events if name == "on_advantage"]
     (update, _), = updates
     rows = decision.tokens.any(dim=1)
     assert 0 < int(rows.sum()) < len(batch)  # rho 0.05 leaves most rows without a kept token
     assert len(update) == int(rows.sum())  # the shim removes those rows (a real drop)
     assert torch.equal(update["loss_mask"].bool(), decision.tokens[rows])
+    # what was trained: the kept tokens, of rows whose generated length and reward the metrics still report
+    assert m["dataflex/trained/tokens"] == int(decision.tokens.sum())
+    assert m["dataflex/trained/response_length_mean"] == pytest.approx(float(batch.lengths[rows].double().mean()))
+    assert m["dataflex/trained/reward_mean"] == pytest.approx(float(batch.rewards[rows].double().mean()))
 
 
 STACK = {"methods": [
