@@ -173,7 +173,11 @@ def carry_out_advantage(batch: Batch, decision: Decision, *, blocks: Tensor | No
     masked = unkept is not None and decision.mask_kl
     # What keep_all gives back to the rows of a block without a kept token: the weights before the mask.
     unmasked_weights = None
-    if decision.weights is not None or (unkept is not None and not masked):
+    if decision.weights is None and unkept is not None and not masked and "rollout_is_weights" not in batch.fields:
+        # The mask alone: one conversion pass instead of filling ones.
+        out["rollout_is_weights"] = (~unkept).to(torch.float32)
+        unmasked_weights = torch.ones(())
+    elif decision.weights is not None or (unkept is not None and not masked):
         w = (torch.ones(batch["response_mask"].shape) if decision.weights is None
              else decision.weights.to(torch.float32))
         if "rollout_is_weights" in batch.fields:
@@ -247,7 +251,8 @@ def carry_out_advantage(batch: Batch, decision: Decision, *, blocks: Tensor | No
                 out["advantages"] = torch.where(dropped, batch["advantages"].to(out["advantages"].dtype),
                                                 out["advantages"])
             if unmasked_weights is not None:
-                out["rollout_is_weights"] = torch.where(rows, unmasked_weights, out["rollout_is_weights"])
+                out["rollout_is_weights"] = torch.where(rows, unmasked_weights.to(torch.float32),
+                                                        out["rollout_is_weights"])
             drop = None if drop is None else drop & ~back
             empty = empty_blocks(trained(), blocks)
     keep = None if drop is None else ~drop

@@ -45,6 +45,11 @@ def _ranks(n: Tensor, q: float) -> tuple[Tensor, Tensor, Tensor]:
     return below, torch.ceil(rank).to(torch.long), (rank - below.to(dtype)).to(torch.float32)
 
 
+def _count(mask: Tensor) -> int:
+    """True entries of a bool tensor: ``count_nonzero`` is many times faster than a bool ``sum`` at [B, T]."""
+    return int(torch.count_nonzero(mask))
+
+
 def _fill(values: Tensor, valid: Tensor) -> Tensor:
     """Float32 ``values`` with ``-inf`` off ``valid``: the order statistics of the valid values are the
     largest ones, so no variable-size gather is needed (the score of a valid token is finite)."""
@@ -57,8 +62,8 @@ def _largest(filled: Tensor, k: int, threshold: Tensor) -> Tensor:
     would make two hosts keep different tokens of the same batch)."""
     above = filled > threshold
     ties = filled == threshold
-    need = k - int(above.sum())
-    if int(ties.sum()) == need:
+    need = k - _count(above)
+    if _count(ties) == need:
         return above | ties
     order = ties.view(-1).cumsum(0, dtype=torch.int32).view_as(ties)
     return above | (ties & (order <= need))
@@ -73,7 +78,7 @@ def select_flat(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[T
     """
     filled = _fill(values, valid)
     flat = filled.view(-1)
-    n = int(valid.sum())
+    n = _count(valid)
     if n == 0:
         return torch.zeros_like(valid), 0.0
     pad = flat.numel() - n  # the -inf fill: the smallest entries
@@ -87,7 +92,7 @@ def select_flat(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[T
     high = low
     # The next order statistic: the low value again if it is repeated, else the smallest value above it (two
     # cheap passes instead of a second kthvalue).
-    if above != below and int((filled <= low).sum()) - pad < above + 1:
+    if above != below and _count(filled <= low) - pad < above + 1:
         high = filled.masked_fill(filled <= low, float("inf")).min()
     threshold = torch.lerp(low, high, weight.to(low.dtype))
     return valid & (filled >= threshold), float(threshold)
@@ -97,7 +102,7 @@ def select_rows(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[T
     """:func:`select_flat` in every row at once (``scope: sequence``): bool ``[B, T]`` and each row's
     threshold (``[B]``, ``-inf`` for a row without valid token, which keeps nothing)."""
     filled = _fill(values, valid)
-    n = valid.sum(dim=1)
+    n = torch.count_nonzero(valid, dim=1)
     has = n > 0
     if form == "topk":
         k = topk_count(n, rho)
@@ -105,9 +110,9 @@ def select_rows(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[T
         threshold = top.gather(1, (k - 1).clamp_min(0)[:, None])
         above = filled > threshold
         ties = filled == threshold
-        need = k - above.sum(dim=1)
+        need = k - torch.count_nonzero(above, dim=1)
         keep = above | ties
-        if bool((ties.sum(dim=1) != need)[has].any()):
+        if bool((torch.count_nonzero(ties, dim=1) != need)[has].any()):
             keep = above | (ties & (ties.cumsum(dim=1, dtype=torch.int32) <= need[:, None]))
         return keep & has[:, None], threshold.squeeze(1)
     below, above_rank, weight = _ranks(n, 1.0 - rho)
@@ -168,15 +173,13 @@ class TopEntropy(Selector):
             keep, thresholds = select_rows(values, valid, self.rho, self.form)
             has = batch.lengths > 0
             threshold = float(thresholds[has].mean()) if bool(has.any()) else 0.0
-            n, k = batch.lengths, keep.sum(dim=1)
+            n, k = batch.lengths, torch.count_nonzero(keep, dim=1)
         elif self.scope == "minibatch":
             keep, threshold, n, k = self._per_minibatch(batch, values, valid)
         else:
             keep, threshold = select_flat(values, valid, self.rho, self.form)
-            n, k = valid.sum().reshape(1), keep.sum().reshape(1)
-        kept = int(keep.sum())
-        total = float(torch.where(keep, values.to(torch.float32), 0.0).sum(dtype=torch.float64))
-        metrics = {"top_entropy/threshold": threshold, "top_entropy/kept_score_mean": total / kept if kept else 0.0}
+            n, k = torch.count_nonzero(valid).reshape(1), torch.count_nonzero(keep).reshape(1)
+        metrics = {"top_entropy/threshold": threshold}
         return Selection(keep=keep.any(dim=1), tokens=keep, token_weights=self._weights(batch, keep, n, k),
                          mask_kl=self.mask_kl, metrics=metrics)
 
@@ -199,8 +202,8 @@ class TopEntropy(Selector):
             part, t = select_flat(values.index_select(0, rows), valid.index_select(0, rows), self.rho, self.form)
             keep.index_copy_(0, rows, part)
             thresholds.append(t)
-            n_rows[rows] = int(valid.index_select(0, rows).sum())
-            k_rows[rows] = int(part.sum())
+            n_rows[rows] = _count(valid.index_select(0, rows))
+            k_rows[rows] = _count(part)
         threshold = sum(thresholds) / len(thresholds) if thresholds else 0.0
         return keep, threshold, n_rows, k_rows
 
