@@ -14,6 +14,8 @@ from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Scorer
 from dataflex_bus.ops import gather_segments, segment_sum
 
+from ._checks import check_token_shape
+
 
 class RewardDifficulty(Scorer):
     """``s_i = r_i``: the outcome reward of each rollout (``sum_t rm_scores * response_mask``).
@@ -139,8 +141,6 @@ class TokenEntropy(Scorer):
     params: ClassVar = {}
 
     def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
-        from ._checks import check_token_shape
-
         entropy = batch["entropy"]
         check_token_shape(self.who, "entropy", entropy, batch)
         tm = batch.token_mask
