@@ -46,8 +46,8 @@ from .carry import (
 from .decision import Decision
 from .errors import DataflexError
 from .fill import GroupFill, PromptCounts, PromptFill, kept_groups
-from .mechanisms.replay import VERSION_FIELD
 from .host import MINIBATCH_INDEX
+from .mechanisms.replay import VERSION_FIELD
 from .step_metrics import Counters, RolloutStats, trained_metrics
 
 if TYPE_CHECKING:
