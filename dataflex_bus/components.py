@@ -1,7 +1,8 @@
 """The component model: what a plugin author subclasses.
 
 A method is one :class:`Scorer` (what to score) times one actuator: a :class:`Selector` (mechanism
-``select``), a :class:`Reweighter` (``reweight``) or a :class:`Mixer` (``mix``); each mechanism is a
+``select``), a :class:`Reweighter` (``reweight``), a :class:`Mixer` (``mix``) or an :class:`Allocator`
+(``allocate``); each mechanism is a
 registered object (:mod:`dataflex_bus.mechanisms`) naming the actuator class it takes. Components declare
 their parameters with :class:`Param`, so configs are validated before anything trains, and declare what
 they read (``requires``), when they can run (``timing``) and what shape their output has
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
-    from .visits import VisitClasses
+    from .visits import PromptState, VisitClasses, Visits
 
 #: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
 #: ``pre_rollout`` scorers read only what is known about a prompt before generating for it (its id,
@@ -101,6 +102,16 @@ class Component:
         """How this component wants the history to classify a visit (easy / hard / other), or ``None``
         when it does not care. Every component of a block that answers must answer the same."""
         return None
+
+    def prompt_state(self) -> PromptState | None:
+        """Per-prompt state this component owns in the history (read at ``on_prompts`` as the field
+        ``PromptState.field``), or ``None``. Needs ``uses_history``."""
+        return None
+
+    def update_prompt_state(self, state: Tensor, visits: Visits) -> Tensor:
+        """The new ``[V, width]`` state of the prompts of ``visits`` (distinct prompts) from their old
+        ``state``; called by the history for every rolled-out group, before any selection."""
+        raise NotImplementedError(f"{type(self).__name__}.update_prompt_state")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume; stateless components return ``{}``."""
@@ -202,6 +213,11 @@ class Selector(Actuator):
     #: Selects response tokens, not rows (fed token-level scores; acts at ``on_advantage``): its
     #: :class:`Selection` holds ``tokens``.
     selects_tokens: ClassVar[bool] = False
+
+    def candidates_per_prompt(self) -> float:
+        """Candidates this selection wants to compare per prompt it keeps, in one draw (a top-B selector over a
+        pool of ``ratio x B``); the host kit draws that many at once (bounded by ``dataflex.max_oversample``)."""
+        return 1.0
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
@@ -369,6 +385,80 @@ def reads(component: Component) -> tuple[str, ...]:
     """The batch fields a built component reads (:meth:`Component.requires_for` its parameters)."""
     # getattr: a component whose __init__ skipped Component's has no checked parameters to add fields.
     return tuple(type(component).requires_for(getattr(component, "config", {})))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What an allocator may spend at one event (the host kit fills it in).
+
+    ``rollouts``: the budget ``T`` (the method's ``budget``, default ``prompts x group_size``: plain GRPO's
+    step); ``prompts``: the groups the step still needs from this batch (``B``); ``group_size``: the host's
+    responses per prompt (``G``: verl's ``rollout.n``, the shim's ``trainer.group_size``); ``round``: the
+    generation round of the batch's groups (0: the first; at ``on_rollout`` a continuation counts up).
+    """
+
+    rollouts: int
+    prompts: int
+    group_size: int
+    round: int = 0
+
+
+@dataclass
+class Allocation:
+    """An allocator's output: ``counts`` long ``[B]``, one per row (at ``on_prompts`` a row is a candidate;
+    at ``on_rollout`` every row of a group carries the group's count of *more* rollouts), 0 = none.
+    ``keep`` (bool ``[B]``, ``on_rollout`` only): the groups to go on with (``None``: all)."""
+
+    counts: Tensor
+    keep: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+#: Parameters every allocator takes (subclasses extend them: ``params = {**ALLOCATION_PARAMS, ...}``).
+ALLOCATION_PARAMS: dict[str, Param] = {
+    "budget": Param((int, type(None)), None, low=1,
+                    doc="rollouts per step (at on_prompts); default prompts_per_step x group_size, plain GRPO's"),
+    "exact_budget": Param(bool, True, doc="spend the budget exactly (else at most)"),
+    "min_n": Param(int, 2, low=1, doc="fewest rollouts of a prompt that is generated at all"),
+    "max_n": Param(int, 128, low=1, doc="most rollouts of one prompt in a step"),
+    "singletons": Param(bool, False, doc="allow groups of one rollout (min_n=1): GRPO gives them A = r, not 0"),
+}
+
+
+class Allocator(Actuator):
+    """Mechanism ``allocate``: how many rollouts each prompt gets (0: skip it).
+
+    Fed a ``pre_rollout`` score it acts at ``on_prompts`` and returns one count per candidate under the
+    :class:`Budget`; fed a ``post_reward`` score it acts at ``on_rollout`` after each generation round and
+    returns how many *more* rollouts each group gets (a continuation round appended to the same groups,
+    SPEED), and which groups go on. The bus checks every count against :meth:`rules`.
+    """
+
+    kind: ClassVar[str] = "allocator"
+    mechanism: ClassVar[str] = "allocate"
+    min_timing: ClassVar[str] = "pre_rollout"
+    accepts: ClassVar[Sequence[str]] = ("prompt",)
+    params: ClassVar[Mapping[str, Param]] = ALLOCATION_PARAMS
+    #: Generation rounds a group may have in one step (1: no continuation; an on_rollout allocator sets more).
+    rounds: ClassVar[int] = 1
+
+    budget: int | None
+    exact_budget: bool
+    min_n: int
+    max_n: int
+    singletons: bool
+
+    @classmethod
+    def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        if values["min_n"] > values["max_n"]:
+            return [("min_n", f"min_n={values['min_n']} must be <= max_n={values['max_n']}")]
+        if values["min_n"] < 2 and not values["singletons"]:
+            return [("min_n", f"min_n={values['min_n']} allows groups of one rollout, whose GRPO advantage is "
+                     "r / (1 + eps), not 0 (verl's singleton rule); use min_n >= 2 or set singletons: true")]
+        return []
+
+    def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
+        raise NotImplementedError(f"{type(self).__name__}.allocate")
 
 
 # ---------------------------------------------------------------------------- checks the bus relies on

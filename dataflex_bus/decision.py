@@ -35,11 +35,13 @@ class Decision:
     tokens whose policy-gradient term trains (a token selection; ``None``: all), carried out through the loss
     weights, so KL and entropy bonus keep every token unless ``mask_kl``: then the mask is written into
     ``response_mask`` and ``loss_mask`` too. ``replay``: the rows a replay method stores
-    (:class:`ReplayDecision`; the host kit keeps the buffer).
+    (:class:`ReplayDecision`; the host kit keeps the buffer). ``counts``: long ``[B]`` rollouts per row from an
+    allocator (at ``on_prompts``: per candidate, 0 = skip; at ``on_rollout``: per row, the same on every row
+    of a group, how many more rollouts the group gets in a continuation round).
     """
 
-    __slots__ = ("advantages", "domain_probs", "keep", "mask_kl", "metrics", "nonfinite", "on_empty", "replay",
-                 "skip_update", "tokens", "weights")
+    __slots__ = ("advantages", "counts", "domain_probs", "keep", "mask_kl", "metrics", "nonfinite", "on_empty",
+                 "replay", "skip_update", "tokens", "weights")
 
     def __init__(self) -> None:
         self.keep: Tensor | None = None
@@ -53,6 +55,7 @@ class Decision:
         self.replay: ReplayDecision | None = None
         self.tokens: Tensor | None = None
         self.mask_kl = False
+        self.counts: Tensor | None = None
 
     def drop(self, rows: Tensor, *, on_empty: str | None = None, nonfinite: bool = False) -> None:
         """Drop ``rows`` (bool ``[B]``): keep masks of several methods AND. ``on_empty``: the dropping
@@ -89,7 +92,7 @@ class Decision:
         tokens = "" if self.tokens is None else f"tokens={int(self.tokens.sum())}/{self.tokens.numel()}, "
         return (f"Decision(keep={keep}, {tokens}advantages={self.advantages is not None}, "
                 f"weights={self.weights is not None}, domain_probs={self.domain_probs}, "
-                f"skip_update={self.skip_update})")
+                f"skip_update={self.skip_update}, counts={self.counts is not None})")
 
 
 #: ``on_empty`` policies from the most lenient to the strictest.

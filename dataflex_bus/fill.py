@@ -70,7 +70,8 @@ class PromptFill:
     The host draws candidates in rounds of :meth:`request` prompts (a multiple of ``chunk``, its draw unit:
     verl's ``gen_batch_size``), emits ``on_prompts`` on each round and hands the keep mask to :meth:`add`;
     :meth:`chosen` then names the candidates to generate, in draw order. Over-sampling is adaptive (after
-    the first round of ``target``, the next asks for the deficit divided by the keep rate seen so far) and
+    the first round of ``target``, or ``pool x target`` for a selection comparing a pool of candidates, the
+    next asks for the deficit divided by the keep rate seen so far, at least ``pool x`` the deficit) and
     bounded: at most ``ceil(max_oversample * target)`` candidates (whole chunks) are considered. If they hold
     fewer kept candidates than needed, the shortfall is filled with skipped candidates, earliest first,
     counted as ``forced`` (a host must generate a full batch, and skipping the update would waste the
@@ -81,10 +82,12 @@ class PromptFill:
     """
 
     def __init__(self, target: int, *, max_oversample: float, chunk: int = 1, on_empty: str = "skip",
-                 who: str = "dataflex") -> None:
+                 who: str = "dataflex", pool: float = 1.0) -> None:
         if target < 1 or chunk < 1:
             raise ValueError(f"PromptFill needs target >= 1 and chunk >= 1, got {target} and {chunk}")
         self.target = target
+        #: Candidates drawn per prompt still needed, at least (a top-B selection compares a pool of them).
+        self.pool = max(float(pool), 1.0)
         self.chunk = chunk
         self.on_empty = on_empty
         self.who = who
@@ -102,9 +105,10 @@ class PromptFill:
         if deficit <= 0 or left <= 0:
             return 0
         if not self.keeps:
-            want = self.target
+            want = math.ceil(self.pool * self.target)
         else:  # (kept + 1) / (considered + 1): a keep-rate estimate that is never 0
-            want = max(deficit, math.ceil(deficit * (self.counts.considered + 1) / (self.kept + 1)))
+            want = max(math.ceil(self.pool * deficit),
+                       math.ceil(deficit * (self.counts.considered + 1) / (self.kept + 1)))
         return min(_round_up(want, self.chunk), left)
 
     def add(self, keep: Tensor, batch: Batch | None = None) -> None:
@@ -124,15 +128,8 @@ class PromptFill:
         self.keeps.append(fresh)
         self.ids.append(ids)
         self.kept += int(fresh.sum())
-        if batch is not None and batch.has("history_visits") and batch.has("history_class"):
-            code = torch.where(batch["history_visits"] > 0, batch["history_class"] + 1, 0)
-            seen = torch.bincount(code, minlength=4).tolist()
-            skipped = torch.bincount(code[~keep], minlength=4).tolist()
-            for name, s, k in zip(("new", *CLASS_NAMES), seen, skipped):
-                if s:
-                    mine = c.by_class.setdefault(name, [0, 0])
-                    mine[0] += s
-                    mine[1] += k
+        if batch is not None:
+            add_class_counts(c, batch, keep)
 
     def chosen(self) -> Tensor:
         """Long ``[target]``: indices, into the concatenation of every round's candidates, of those to
@@ -160,6 +157,21 @@ class PromptFill:
         c.skipped -= c.forced
         c.generated = self.target
         return torch.sort(torch.cat([kept, forced])).values
+
+
+def add_class_counts(counts: PromptCounts, batch: Batch, keep: Tensor) -> None:
+    """Add one draw's candidates considered and skipped (not ``keep``) per history class to ``counts``
+    (nothing when the ``on_prompts`` batch carries no history)."""
+    if not (batch.has("history_visits") and batch.has("history_class")):
+        return
+    code = torch.where(batch["history_visits"] > 0, batch["history_class"] + 1, 0)
+    seen = torch.bincount(code, minlength=4).tolist()
+    skipped = torch.bincount(code[~keep], minlength=4).tolist()
+    for name, s, k in zip(("new", *CLASS_NAMES), seen, skipped):
+        if s:
+            mine = counts.by_class.setdefault(name, [0, 0])
+            mine[0] += s
+            mine[1] += k
 
 
 def _first_new(ids: Tensor, mask: Tensor, taken: Tensor) -> Tensor:

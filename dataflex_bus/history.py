@@ -11,8 +11,11 @@ the last times a prompt was rolled out. Two pieces make that possible in every h
   bounded by the dataset (about 60 bytes per prompt) and every update is one scatter. Per prompt it keeps
   the number of visits, the step of the last one, the class of the last visit (easy / hard / other, see
   :class:`VisitClasses`) with the length of the current run of visits of that class (the *streak*), and
-  the last :data:`WINDOW` visits (step, mean reward, class). Per step it counts the groups rolled out and
-  how many were easy or hard, over every generation round of the step.
+  the last :data:`WINDOW` visits (step, mean reward, class, rollouts, successes) and the last
+  :data:`REWARD_WINDOW` rollout rewards over its visits (Knapsack RL's pooled estimate), plus any per-prompt
+  state a component owns (:class:`~dataflex_bus.visits.PromptState`: MoPPS's Beta posterior), updated by the
+  component at every visit. Per step it counts the groups rolled out and how many were easy or hard, over
+  every generation round of the step.
 
 The history is written by the host for every rolled-out group, before any selection (a zero-variance
 group a later method drops still counts as a visit), and read at ``on_prompts`` as the ``history_*``
@@ -23,8 +26,9 @@ and a resumed run continues exactly.
 
 from __future__ import annotations
 
+import logging
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +37,22 @@ from torch import Tensor
 from .batch import Batch, _index_labels
 from .errors import BatchFieldError, ConfigError, ConfigIssue
 from .ops import segment_count, segment_max, segment_min, segment_sum
-from .visits import CLASS_NAMES, EASY, HARD, OTHER, WINDOW, VisitClasses
+from .visits import (
+    CLASS_NAMES,
+    EASY,
+    HARD,
+    OTHER,
+    REWARD_WINDOW,
+    SUCCESS_THRESHOLD,
+    WINDOW,
+    PromptState,
+    VisitClasses,
+    Visits,
+)
+
+log = logging.getLogger("dataflex_bus")
+#: What updates a component's per-prompt state: ``(old state [V, width], visits) -> new state``.
+StateUpdate = Callable[[Tensor, Visits], Tensor]
 
 #: A prompt id is ``domain << ID_SHIFT | row``: rows must lie in ``[0, 2**ID_SHIFT)``.
 ID_SHIFT = 40
@@ -148,10 +167,12 @@ class PromptTable:
 class PromptHistory:
     """Per-prompt outcome history over a :class:`PromptTable` (see the module doc)."""
 
-    def __init__(self, table: PromptTable, classes: VisitClasses | None = None, *, window: int = WINDOW) -> None:
+    def __init__(self, table: PromptTable, classes: VisitClasses | None = None, *, window: int = WINDOW,
+                 rewards: int = REWARD_WINDOW) -> None:
         self.table = table
         self.classes = classes or VisitClasses()
         self.window = window
+        self.reward_window = rewards
         n = len(table)
         self.visits = torch.zeros(n, dtype=torch.int32)
         self.last_step = torch.full((n,), -1, dtype=torch.int32)
@@ -160,6 +181,16 @@ class PromptHistory:
         self.ring_step = torch.full((n, window), -1, dtype=torch.int32)
         self.ring_mean = torch.full((n, window), float("nan"), dtype=torch.float32)
         self.ring_class = torch.full((n, window), -1, dtype=torch.int8)
+        self.ring_size = torch.zeros((n, window), dtype=torch.int32)
+        self.ring_success = torch.zeros((n, window), dtype=torch.int32)
+        # The last `rewards` rollout rewards of each prompt in the order they were recorded (visit by visit,
+        # row order within a visit): slot (count - 1) % rewards holds the newest.
+        self.reward_ring = torch.full((n, rewards), float("nan"), dtype=torch.float32)
+        self.reward_count = torch.zeros(n, dtype=torch.int64)
+        #: Components' per-prompt state (float64 [N, width]) and who updates it, by PromptState name.
+        self.states: dict[str, Tensor] = {}
+        self.specs: dict[str, PromptState] = {}
+        self._updates: dict[str, StateUpdate] = {}
         self.considered = 0
         # [step, groups, easy, hard] of the step being recorded and of the last completed one
         self.current = [-1, 0, 0, 0]
@@ -184,6 +215,14 @@ class PromptHistory:
         steps = torch.where(seen, self.ring_step[rows, slots].to(torch.long), -1)
         means = torch.where(seen, self.ring_mean[rows, slots], float("nan"))
         classes = torch.where(seen, self.ring_class[rows, slots].to(torch.long), -1)
+        sizes = torch.where(seen, self.ring_size[rows, slots].to(torch.long), 0)
+        successes = torch.where(seen, self.ring_success[rows, slots].to(torch.long), 0)
+        count = self.reward_count[index]
+        r = torch.arange(self.reward_window)
+        kept = r < count[:, None]
+        cols = (count[:, None] - 1 - r) % self.reward_window
+        rewards = torch.where(kept, self.reward_ring[index[:, None].expand(-1, self.reward_window), cols],
+                              float("nan"))
         step, groups, easy, hard = self.completed
         scalar = {"history_epoch": self.epoch, "history_counts_step": step, "history_step_groups": groups,
                   "history_step_easy": easy, "history_step_hard": hard}
@@ -191,7 +230,21 @@ class PromptHistory:
                 "history_class": self.last_class[index].to(torch.long),
                 "history_streak": self.streak[index].to(torch.long),
                 "history_steps": steps, "history_means": means, "history_classes": classes,
+                "history_sizes": sizes, "history_successes": successes, "history_rewards": rewards,
+                "history_reward_count": count.clone(),
+                **{self.specs[name].field: state[index] for name, state in self.states.items()},
                 **{k: torch.tensor(v, dtype=torch.long) for k, v in scalar.items()}}
+
+    # ------------------------------------------------------------------ components' own state
+    def own(self, spec: PromptState, update: StateUpdate) -> None:
+        """Keep ``spec``'s per-prompt state for a component (``update`` is its update, called at every visit)."""
+        if spec.name in self.states:
+            raise ConfigError(ConfigIssue("dataflex", f"two components keep per-prompt state {spec.name!r}; the "
+                                          "history holds one state per name"))
+        init = torch.tensor(spec.init, dtype=torch.float64)
+        self.states[spec.name] = init.expand(len(self.table), -1).clone()
+        self.specs[spec.name] = spec
+        self._updates[spec.name] = update
 
     def consider(self, count: int) -> None:
         """Count candidates considered (drawn), whether or not they are generated: the epoch counter."""
@@ -222,7 +275,11 @@ class PromptHistory:
         low, high = segment_min(r, gi, g), segment_max(r, gi, g)
         cls = self.classes.classify(mean, low, high, size)
         counted = self.classes.count_class(mean, low, high, size)
-        self._visit(lo_p.to(torch.long)[arrival], cls[arrival], mean[arrival], step)
+        success = segment_sum((batch.rewards > SUCCESS_THRESHOLD).to(torch.long), gi, g)
+        prompt = lo_p.to(torch.long)
+        self._record_rewards(batch, prompt, arrival)
+        self._visit(prompt[arrival], cls[arrival], mean[arrival], step, size[arrival], success[arrival])
+        self._update_states(prompt[arrival], size[arrival], success[arrival], step)
         if self.current[0] != step:
             self.current = [step, 0, 0, 0]
         n_easy, n_hard = int((counted == EASY).sum()), int((counted == HARD).sum())
@@ -232,10 +289,61 @@ class PromptHistory:
         per_class = segment_count(cls, len(CLASS_NAMES))
         return {f"history/visits_{name}": float(c) for name, c in zip(CLASS_NAMES, per_class.tolist())}
 
-    def _visit(self, prompt: Tensor, cls: Tensor, mean: Tensor, step: int) -> None:
+    def _record_rewards(self, batch: Batch, prompt: Tensor, arrival: Tensor) -> None:
+        """Append every real row's reward to its prompt's reward ring: visits in arrival order, rows in row
+        order within a visit (only the last ``reward_window`` of a prompt are written: no slot twice)."""
+        gi = batch.group_index
+        real = torch.nonzero(gi >= 0).flatten()
+        if real.numel() == 0:
+            return
+        rank_of_group = torch.empty_like(arrival)
+        rank_of_group[arrival] = torch.arange(arrival.numel())
+        g = gi[real]
+        # Stable sorts, last key first: by row, then by the visit's arrival, then by prompt.
+        order = torch.sort(rank_of_group[g], stable=True).indices
+        order = order[torch.sort(prompt[g][order], stable=True).indices]
+        rows, p = real[order], prompt[g][order]
+        uniq, counts = torch.unique_consecutive(p, return_counts=True)
+        seg = torch.repeat_interleave(torch.arange(uniq.numel()), counts)
+        rank = torch.arange(p.numel()) - (torch.cumsum(counts, 0) - counts)[seg]
+        write = rank >= counts[seg] - self.reward_window
+        before = self.reward_count[uniq]
+        slot = (before[seg] + rank) % self.reward_window
+        self.reward_ring[p[write], slot[write]] = batch.rewards[rows[write]].to(torch.float32)
+        self.reward_count[uniq] = before + counts
+
+    def _update_states(self, prompt: Tensor, size: Tensor, success: Tensor, step: int) -> None:
+        """Hand the visits (in arrival order) to the components owning per-prompt state. A component sees
+        distinct prompts per call, so a prompt visited twice in one batch (two refill rounds drawing it) is
+        updated twice, in order: one call per repeat, a loop as long as the most repeated prompt's visits."""
+        if not self.states:
+            return
+        order = torch.sort(prompt, stable=True).indices
+        p = prompt[order]
+        uniq, counts = torch.unique_consecutive(p, return_counts=True)
+        seg = torch.repeat_interleave(torch.arange(uniq.numel()), counts)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(p.numel()) - (torch.cumsum(counts, 0) - counts)[seg]
+        for wave in range(int(counts.max())):
+            at = torch.nonzero(rank == wave).flatten()
+            visits = Visits(prompt[at], size[at].to(torch.long), success[at].to(torch.long), step)
+            for name, state in self.states.items():
+                new = self._updates[name](state[visits.prompt].clone(), visits)
+                spec = self.specs[name]
+                if not isinstance(new, Tensor) or tuple(new.shape) != (at.numel(), spec.width):
+                    got = tuple(new.shape) if isinstance(new, Tensor) else type(new).__name__
+                    raise BatchFieldError("dataflex prompt history", spec.field,
+                                          f"update_prompt_state returned {got}, expected ({at.numel()}, {spec.width})")
+                if not bool(torch.isfinite(new).all()):
+                    raise BatchFieldError("dataflex prompt history", spec.field,
+                                          "update_prompt_state returned NaN/inf")
+                state[visits.prompt] = new.to(torch.float64)
+
+    def _visit(self, prompt: Tensor, cls: Tensor, mean: Tensor, step: int, size: Tensor, success: Tensor) -> None:
         """Apply visits (in order) to the prompts: several visits of one prompt compose exactly."""
         order = torch.sort(prompt, stable=True).indices
         p, c, m = prompt[order], cls[order], mean[order]
+        n_rows, n_ok = size[order], success[order]
         uniq, counts = torch.unique_consecutive(p, return_counts=True)
         u = uniq.numel()
         seg = torch.repeat_interleave(torch.arange(u), counts)
@@ -261,6 +369,8 @@ class PromptHistory:
         self.ring_step[rows, cols] = step
         self.ring_mean[rows, cols] = m[write].to(torch.float32)
         self.ring_class[rows, cols] = c[write].to(torch.int8)
+        self.ring_size[rows, cols] = n_rows[write].to(torch.int32)
+        self.ring_success[rows, cols] = n_ok[write].to(torch.int32)
         self.visits[uniq] = (before + counts).to(torch.int32)
         self.last_step[uniq] = step
         self.last_class[uniq] = final.to(torch.int8)
@@ -280,6 +390,10 @@ class PromptHistory:
             "ring_step": self.ring_step.clone(), "ring_mean": self.ring_mean.clone(),
             "ring_class": self.ring_class.clone(), "considered": self.considered,
             "current": list(self.current), "completed": list(self.completed),
+            "ring_size": self.ring_size.clone(), "ring_success": self.ring_success.clone(),
+            "reward_ring": self.reward_ring.clone(), "reward_count": self.reward_count.clone(),
+            "reward_window": self.reward_window,
+            "states": {name: state.clone() for name, state in self.states.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -287,13 +401,34 @@ class PromptHistory:
         if state.get("classes") != self.classes.to_dict() or state.get("window") != self.window:
             raise ConfigError(ConfigIssue("dataflex", "the per-prompt history in the checkpoint classifies visits "
                                           f"differently ({state.get('classes')}, window {state.get('window')})"))
-        for name in ("visits", "last_step", "last_class", "streak", "ring_step", "ring_mean", "ring_class"):
+        names = ["visits", "last_step", "last_class", "streak", "ring_step", "ring_mean", "ring_class"]
+        if "reward_ring" in state:
+            if state.get("reward_window") != self.reward_window:
+                raise ConfigError(ConfigIssue("dataflex", "the per-prompt history in the checkpoint keeps "
+                                              f"{state.get('reward_window')} rewards per prompt, this run "
+                                              f"{self.reward_window}"))
+            names += ["ring_size", "ring_success", "reward_ring", "reward_count"]
+        elif bool((torch.as_tensor(state["visits"]) > 0).any()):
+            # A history saved before per-visit sizes and rewards were kept: they start empty.
+            log.warning("dataflex: the per-prompt history in the checkpoint keeps no per-visit sizes or rewards "
+                        "(an older dataflex-bus); they start empty")
+        for name in names:
             value = state[name]
             mine = getattr(self, name)
             if tuple(value.shape) != tuple(mine.shape):
                 raise ConfigError(ConfigIssue(self.table.column, f"history field {name!r} has shape "
                                               f"{tuple(value.shape)}, expected {tuple(mine.shape)}"))
             setattr(self, name, value.to(mine.dtype).clone())
+        saved_states = state.get("states") or {}
+        if set(saved_states) != set(self.states):
+            raise ConfigError(ConfigIssue("dataflex", f"the checkpoint's per-prompt state is {sorted(saved_states)}, "
+                                          f"this block keeps {sorted(self.states)}"))
+        for name, value in saved_states.items():
+            mine = self.states[name]
+            if tuple(value.shape) != tuple(mine.shape):
+                raise ConfigError(ConfigIssue(self.table.column, f"per-prompt state {name!r} has shape "
+                                              f"{tuple(value.shape)}, expected {tuple(mine.shape)}"))
+            mine.copy_(value.to(mine.dtype))
         self.considered = int(state["considered"])
         self.current = [int(x) for x in state["current"]]
         self.completed = [int(x) for x in state["completed"]]

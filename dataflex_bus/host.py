@@ -21,11 +21,14 @@ from .visits import FIELDS as HISTORY_FIELDS
 if TYPE_CHECKING:
     from .errors import ConfigIssue
 
+#: Batch-level (0-dimensional) fields of every ``on_prompts`` batch, filled in by the host kit: the step's
+#: rollout budget (``prompts x group_size``), the prompts still needed from this draw and the host's group size.
+BUDGET_FIELDS = frozenset({"budget_rollouts", "budget_prompts", "budget_group_size"})
 #: Every field a host may provide at each event (verl's names); a host declares its own subset.
 #: ``uid``/``data_source`` are row labels. At ``on_prompts`` a row is a candidate prompt: its id and
 #: history, nothing about responses.
 EVENT_FIELDS: dict[str, frozenset[str]] = {
-    "on_prompts": HISTORY_FIELDS | {"uid", "data_source"},
+    "on_prompts": HISTORY_FIELDS | BUDGET_FIELDS | {"uid", "data_source"},
     "on_rollout": frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask",
                              "input_ids", "rm_scores", "rollout_log_probs", "uid", "data_source"}),
 }
@@ -50,6 +53,8 @@ CAPABILITIES: dict[str, str] = {
     "domain_sampling": "draw the next prompts by the domain probabilities a mixer publishes",
     "loss_weights": "multiply per-token weights into the policy-gradient term of the loss",
     "replay": "add stored rows of past steps to a step's batch before its old log-probs (and generate fewer prompts)",
+    "ragged_groups": "generate a different number of rollouts for each prompt (allocation counts), and more "
+                     "rollouts for a prompt already rolled out in the same step (continuation rounds)",
 }
 
 #: verl advantage estimators that use one rollout per prompt (no groups).

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .block import DataflexConfig
 from .bus import EventBus
-from .components import reads
+from .components import Selector, reads
 from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from .block import RefillConfig
     from .components import ReplaySettings
     from .history import PromptHistory, PromptTable
+    from .method import Method
     from .replay import Replay
-    from .visits import VisitClasses
+    from .visits import VisitClasses, Visits
 
 log = logging.getLogger("dataflex_bus")
 
@@ -105,6 +106,27 @@ class Runtime:
     def selects_prompts(self) -> bool:
         """True when a method selects prompts before generation (acts at ``on_prompts``)."""
         return self.pipeline is not None and bool(self.pipeline.at("on_prompts"))
+
+    def allocator(self, event: str) -> Method | None:
+        """The method allocating rollouts (mechanism ``allocate``) at ``event``, if one acts there."""
+        if self.pipeline is None:
+            return None
+        return next((m for m in self.pipeline.at(event) if m.config.mechanism == "allocate"), None)
+
+    @property
+    def allocates(self) -> bool:
+        """True when a method allocates rollouts per prompt (the host generates ragged groups)."""
+        return self.pipeline is not None and any(m.config.mechanism == "allocate" for m in self.pipeline.methods)
+
+    @property
+    def candidates_per_prompt(self) -> float:
+        """Candidates a pre-rollout selection wants to see per prompt it keeps, in one draw (a top-B selector's
+        pool ratio; 1 otherwise), at most ``dataflex.max_oversample``."""
+        if self.pipeline is None:
+            return 1.0
+        wanted = [m.actuator.candidates_per_prompt() for m in self.pipeline.at("on_prompts")
+                  if isinstance(m.actuator, Selector)]
+        return min(max(wanted, default=1.0), self.max_oversample)
 
     @property
     def keeps_history(self) -> bool:
@@ -211,11 +233,31 @@ class Runtime:
         self.prompt_table = table
         if self.keeps_history:
             self.history = PromptHistory(table, self._visit_classes())
+            self._own_prompt_states(self.history)
         method = self._replay_method()
         if method is not None:
             from .replay import Replay
 
             self.replay = Replay(method, table, self.host)
+
+    def _own_prompt_states(self, history: PromptHistory) -> None:
+        """Give every component that owns per-prompt state its place in the history; its updates run under
+        the guard that names its plugin."""
+        from .bus import guarded_call
+
+        assert self.pipeline is not None
+        for m in self.pipeline.methods:
+            for slot, component in (("scorer", m.scorer), ("actuator", m.actuator)):
+                spec = component.prompt_state() if component.uses_history else None
+                if spec is None:
+                    continue
+                plugin = m.provenance.get(slot, component.name)
+
+                def update(state: Tensor, visits: Visits, fn: Any = component.update_prompt_state,
+                           plugin: str = plugin) -> Tensor:
+                    return guarded_call(fn, (state, visits), plugin, "on_rollout", None)
+
+                history.own(spec, update)
 
     def _visit_classes(self) -> VisitClasses | None:
         assert self.pipeline is not None

@@ -8,9 +8,11 @@ framework's step order, and calls these drivers at each point of a step::
     probs = step.domain_probabilities(domains)   # draw the next prompts by these (a mixer's, or uniform)
     gen = step.generation(prompts_per_step)
     while (n := gen.request()) > 0:              # one generation round (several under dataflex.refill)
-        chosen = step.prompts(n, draw)           # candidates drawn, on_prompts, over-sampling
-        batch = <generate and reward chosen prompts: one Batch>
+        chosen = step.prompts(n, draw)           # candidates drawn, on_prompts, over-sampling, counts
+        batch = <generate chosen.counts[i] rollouts (None: the group size) of each chosen prompt, rewarded>
         gen.add(batch)                           # counters, history, on_rollout, refill bookkeeping
+        while (more := gen.continuation()) is not None:   # an allocator asked for more rollouts (SPEED)
+            gen.extend(<more.counts[i] more rollouts of the prompt of row more.rows[i], its uid, rewarded>)
     outcome = gen.finish()                       # the rows to go on with, per round; skip the update?
     action = step.advantage(batch)               # on_advantage, carried out (weights, drops, advantages)
     step.trained(...)                            # what the update trained on (counters, metrics)
@@ -37,18 +39,21 @@ from .batch import Batch
 from .carry import (
     AdvantageAction,
     carry_out_advantage,
+    carry_out_counts,
     carry_out_prompts,
     carry_out_rollout,
+    continuation_counts,
     first_group,
     minibatch_index,
     sampling_probabilities,
 )
 from .decision import Decision
-from .errors import DataflexError
-from .fill import GroupFill, PromptCounts, PromptFill, kept_groups
+from .errors import BatchFieldError, DataflexError
+from .fill import GroupFill, PromptCounts, PromptFill, add_class_counts, kept_groups
 from .host import MINIBATCH_INDEX
 from .mechanisms.replay import VERSION_FIELD
-from .step_metrics import Counters, RolloutStats, trained_metrics
+from .ops import segment_min
+from .step_metrics import AllocationStats, Counters, RolloutStats, trained_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -71,10 +76,13 @@ class Candidates(NamedTuple, Generic[T]):
 
 @dataclass
 class Chosen(Generic[T]):
-    """The prompts to generate: indices into the concatenation of the draws' ``items``, in draw order."""
+    """The prompts to generate: indices into the concatenation of the draws' ``items``, in draw order, and
+    (when a method allocates rollouts) how many rollouts each gets: ``counts``, long, one per index
+    (``None``: the host's group size for every one)."""
 
     draws: list[T]
     index: Tensor
+    counts: Tensor | None = None
 
     @property
     def only(self) -> T | None:
@@ -105,6 +113,64 @@ def concat_rounds(batches: Sequence[Batch]) -> Batch:
 
 
 @dataclass
+class Continuation:
+    """More rollouts for groups already generated in this round (an allocator at ``on_rollout``, SPEED):
+    for each group, ``rows`` is its first row in the batch the host gave :meth:`Generation.add` (so the host
+    finds its prompt and ``uid`` there) and ``counts`` how many more rollouts to generate, under the same
+    ``uid``; the host hands them to :meth:`Generation.extend`."""
+
+    rows: Tensor
+    counts: Tensor
+
+
+def group_labels(batch: Batch) -> list[Any] | Tensor | None:
+    """The ``uid`` labels of ``batch``'s rows as given (a list, or an integer tensor), ``None`` without."""
+    return batch.uid if batch.uid is not None else batch._raw_group_ids
+
+
+def concat_rows(first: Batch, more: Batch) -> Batch:
+    """``more``'s rows appended to ``first``'s, rows of one ``uid`` in one group (a continuation round): per-token
+    fields right-padded to the wider of the two, labels and domains carried."""
+    labels_a, labels_b = group_labels(first), group_labels(more)
+    if labels_a is None or labels_b is None or isinstance(labels_a, torch.Tensor) != isinstance(labels_b, torch.Tensor):
+        raise ValueError("concat_rows: both batches need uid labels of one kind (strings or integer ids)")
+    uid: list[Any] | Tensor
+    if isinstance(labels_a, torch.Tensor) and isinstance(labels_b, torch.Tensor):
+        uid = torch.cat([labels_a, labels_b])
+    else:
+        uid = [*labels_a, *labels_b]
+    if set(first.fields) != set(more.fields):
+        differ = sorted(set(first.fields) ^ set(more.fields))
+        raise ValueError(f"concat_rows: the rounds hold different fields ({differ})")
+    if more.domain_ids is not None and first.domain_names:
+        more = more.with_domain_names(first.domain_names)
+    fields = {}
+    for name, a in first.fields.items():
+        b = more[name]
+        if a.dim() == 2 and b.dim() == 2 and a.shape[1] != b.shape[1]:
+            width = max(a.shape[1], b.shape[1])
+            a = torch.nn.functional.pad(a, (0, width - a.shape[1]))
+            b = torch.nn.functional.pad(b, (0, width - b.shape[1]))
+        fields[name] = torch.cat([a, b])
+    domains = None if first.domain_ids is None else torch.cat([first.domain_index.clamp_min(0),
+                                                              more.domain_index.clamp_min(0)])
+    return Batch.from_tensors(uid=uid, domains=domains, domain_names=first.domain_names,
+                              is_padding=torch.cat([first.is_padding, more.is_padding]), **fields)
+
+
+@dataclass
+class _OpenRound:
+    """A generation round whose groups may still be extended: its batch so far, the host's first batch, the
+    last on_rollout decision and the round count."""
+
+    batch: Batch
+    first: Batch
+    decision: Decision
+    counted: bool
+    round: int = 0
+
+
+@dataclass
 class RolloutOutcome:
     """What a step goes on with after its generation: per round, the rows kept (``None``: every row),
     whether to skip the update, and the real rows removed."""
@@ -132,13 +198,22 @@ class Generation:
         self.fill = GroupFill(target, refill) if refill is not None else None
         self.rounds: list[tuple[Batch, Decision]] = []
         self._asked = False
+        #: An allocator acting at on_rollout may extend a round's groups (continuation rounds).
+        self.continues = step.runtime.allocator("on_rollout") is not None
+        self._open: _OpenRound | None = None
 
     @property
     def refills(self) -> bool:
         return self.fill is not None
 
+    @property
+    def batches(self) -> list[Batch]:
+        """Every round's rows so far, continuation rows included (what the kit decided on)."""
+        return [batch for batch, _ in self.rounds]
+
     def request(self) -> int:
         """Prompts to generate in the next round (0: the step's generation is done)."""
+        self._close()
         if self.fill is not None:
             return self.fill.request()
         if self._asked:
@@ -151,21 +226,93 @@ class Generation:
         host showed its groups to :meth:`Step.count_generated` and :meth:`Step.record` already) and put through
         ``on_rollout``. Returns the decision."""
         step = self.step
+        self._close()
+        if not self.continues:
+            if not counted:
+                step.count_generated(batch)
+                step.record(batch)
+            decision = step.runtime.emit("on_rollout", batch, step.index)
+            step.metrics.update(decision.metrics)
+            self._round_done(batch, decision)
+            return decision
+        # An allocator may extend these groups: the history and the rollout statistics wait for the round's
+        # last rows; the counters count every rollout now.
         if not counted:
-            step.count_generated(batch)
-            step.record(batch)
-        decision = step.runtime.emit("on_rollout", batch, step.index)
+            step.count_generated(batch, stats=False)
+        decision = self._emit(batch, 0)
+        self._open = _OpenRound(batch, batch, decision, counted)
+        return decision
+
+    def _emit(self, batch: Batch, round_: int) -> Decision:
+        step = self.step
+        view = batch.with_fields(**step.budget_fields(self._still_needed()), budget_round=torch.tensor(round_))
+        decision = step.runtime.emit("on_rollout", view, step.index)
         step.metrics.update(decision.metrics)
+        return decision
+
+    def _still_needed(self) -> int:
+        return self.target - (self.fill.kept if self.fill is not None else 0)
+
+    def continuation(self) -> Continuation | None:
+        """More rollouts the allocator asked for, for groups of the round just added (``None``: none; the round
+        is then complete)."""
+        o = self._open
+        if o is None:
+            return None
+        per_group = continuation_counts(o.batch, o.decision)
+        if per_group is None:
+            self._close()
+            return None
+        groups = torch.nonzero(per_group > 0).flatten()
+        first_rows = segment_min(torch.arange(len(o.batch), dtype=torch.float64), o.batch.group_index,
+                                 o.batch.num_groups).to(torch.long)
+        rows = first_rows[groups]
+        if bool((rows >= len(o.first)).any()):
+            raise ValueError("Generation.continuation: a group's first row lies outside the host's batch")
+        return Continuation(rows, per_group[groups])
+
+    def extend(self, batch: Batch) -> Decision:
+        """The rollouts of a :meth:`continuation`, rewarded, with the ``uid`` of the groups they extend: counted,
+        appended to their groups and the round put through ``on_rollout`` again."""
+        o = self._open
+        if o is None:
+            raise ValueError("Generation.extend: no round is open (call continuation() after add())")
+        step = self.step
+        step.count_generated(batch, stats=False, groups=False)
+        merged = concat_rows(o.batch, batch)
+        if merged.num_groups != o.batch.num_groups:
+            raise BatchFieldError("dataflex allocate", "uid", "continuation rollouts must carry the uid of a group "
+                                  "of the round they extend")
+        step.allocation.continued += int(torch.unique(batch.group_index[batch.valid_rows]).numel())
+        o.batch, o.round = merged, o.round + 1
+        o.decision = self._emit(merged, o.round)
+        return o.decision
+
+    def _close(self) -> None:
+        """Complete the open round: the history and the rollout statistics see its groups whole."""
+        o, self._open = self._open, None
+        if o is None:
+            return
+        if not o.counted:
+            self.step.record(o.batch)
+        self.step.rollout.add(o.batch)
+        self._round_done(o.batch, o.decision)
+
+    def _round_done(self, batch: Batch, decision: Decision) -> None:
         if self.fill is not None:
             self.fill.add(kept_groups(batch, decision))
+        if self.step.runtime.allocates:
+            self.step.allocation.groups(batch.group_sizes)
         self.rounds.append((batch, decision))
-        return decision
 
     def finish(self) -> RolloutOutcome:
         """The rows to go on with: the single round's ``on_rollout`` decision carried out, or under refill the
         groups :meth:`GroupFill.train` picks (``dataflex/refill/*`` metrics); ``dataflex/removed_rows`` counts
         the real rows removed."""
+        self._close()
         outcome = self._outcome()
+        if self.step.skip_at_prompts:  # an allocation's on_empty=skip
+            outcome.skip_update = True
         self.step.metrics["dataflex/removed_rows"] = float(outcome.removed)
         return outcome
 
@@ -213,6 +360,9 @@ class Step:
         self._replay_plan: tuple[int, int] | None = None
         self._replay_asked = False
         self._to_store: tuple[Batch, ReplayDecision] | None = None
+        self.allocation = AllocationStats()
+        #: An allocation at on_prompts kept nothing and on_empty=skip: the step's update is skipped.
+        self.skip_at_prompts = False
 
     # ------------------------------------------------------------------ prompts
     def domain_probabilities(self, domains: Sequence[str]) -> Tensor:
@@ -230,6 +380,8 @@ class Step:
         bounded over-sampling, then skipped candidates fill the shortfall)."""
         runtime = self.runtime
         counts = self.prompt_counts
+        if runtime.allocator("on_prompts") is not None:
+            return self._allocated(target, draw, chunk)
         if not runtime.selects_prompts:
             got = draw(target)
             counts.considered += target
@@ -238,14 +390,11 @@ class Step:
             self.kit.counters.add(considered_prompts=target)
             return Chosen([got.items], torch.arange(target))
         fill = PromptFill(target, max_oversample=runtime.max_oversample, chunk=chunk, on_empty=runtime.prompt_policy,
-                          who="dataflex prompt selection")
+                          who="dataflex prompt selection", pool=runtime.candidates_per_prompt)
         drawn: list[T] = []
         while (n := fill.request()) > 0:
             got = draw(n)
-            if got.domain_ids is None or got.rows is None:
-                raise ValueError("a prompt selection needs each candidate's prompt id: draw() must return "
-                                 "Candidates(items, domain_ids, rows)")
-            batch = runtime.prompt_candidates(got.domain_ids, got.rows)
+            batch = self._candidates(got, fill.target - fill.kept)
             decision = runtime.emit("on_prompts", batch, self.index)
             self.metrics.update(decision.metrics)
             fill.add(carry_out_prompts(batch, decision), batch)
@@ -255,18 +404,56 @@ class Step:
         self.kit.counters.add(considered_prompts=fill.counts.considered)
         return Chosen(drawn, chosen)
 
+    def budget_fields(self, prompts: int) -> dict[str, Tensor]:
+        """The ``budget_*`` fields of a batch from which ``prompts`` more groups are needed: plain GRPO's
+        rollouts for them (``prompts x group_size``), the prompts and the host's group size (0: unknown)."""
+        group_size = int(self.runtime.host.group_size or 0)
+        return {"budget_rollouts": torch.tensor(prompts * group_size), "budget_prompts": torch.tensor(prompts),
+                "budget_group_size": torch.tensor(group_size)}
+
+    def _candidates(self, got: Candidates[Any], needed: int) -> Batch:
+        """The ``on_prompts`` batch of one draw, ``needed`` prompts still wanted from it."""
+        if got.domain_ids is None or got.rows is None:
+            raise ValueError("a prompt selection needs each candidate's prompt id: draw() must return "
+                             "Candidates(items, domain_ids, rows)")
+        return self.runtime.prompt_candidates(got.domain_ids, got.rows).with_fields(**self.budget_fields(needed))
+
+    def _allocated(self, target: int, draw: Callable[[int], Candidates[T]], chunk: int) -> Chosen[T]:
+        """:meth:`prompts` under an allocation: one draw of ``target`` candidates through ``on_prompts``; each
+        gets its count of rollouts (0: not generated), the budget spent on the candidates of this draw."""
+        if target % chunk:
+            raise ValueError(f"an allocation draws the step's {target} candidates at once, in whole draws of {chunk}")
+        runtime = self.runtime
+        got = draw(target)
+        batch = self._candidates(got, target)
+        decision = runtime.emit("on_prompts", batch, self.index)
+        self.metrics.update(decision.metrics)
+        counts = carry_out_counts(batch, decision, int(runtime.host.group_size or 0))
+        if decision.skip_update:
+            self.skip_at_prompts = True
+        index = torch.nonzero(counts > 0).flatten()
+        c = PromptCounts(considered=target, skipped=target - int(index.numel()), generated=int(index.numel()),
+                         draws=1)
+        add_class_counts(c, batch, counts > 0)
+        self.prompt_counts += c
+        self.kit.counters.add(considered_prompts=target)
+        self.allocation.candidates(counts)
+        return Chosen([got.items], index, counts[index])
+
     # ------------------------------------------------------------------ generation
     def generation(self, target: int) -> Generation:
         """The step's generation driver for ``target`` prompts (groups)."""
         return Generation(self, target)
 
-    def count_generated(self, batch: Batch) -> None:
-        """Count one generation round's rollouts (``compute/generated_*``, ``dataflex/rollout/*``)."""
+    def count_generated(self, batch: Batch, *, stats: bool = True, groups: bool = True) -> None:
+        """Count one generation round's rollouts (``compute/generated_*``; ``dataflex/rollout/*`` unless
+        ``stats`` is false; ``groups``: its groups are new, not a continuation's)."""
         rows = int(batch.valid_rows.sum())
         self.generated_rows += rows
         self.kit.counters.add(generated_rollouts=rows, generated_tokens=int(batch.lengths.sum()),
-                              generated_groups=batch.num_groups)
-        self.rollout.add(batch)
+                              generated_groups=batch.num_groups if groups else 0)
+        if stats:
+            self.rollout.add(batch)
 
     def record(self, batch: Batch) -> None:
         """Add every rolled-out group of ``batch`` to the prompt history, before any selection."""
@@ -441,6 +628,8 @@ class Step:
             out.update(self.prompt_counts.metrics())
         if runtime.replay is not None:
             out["dataflex/replay/trained_rows"] = float(self.replayed_rows)
+        if runtime.allocates:
+            out.update(self.allocation.metrics())
         out["dataflex/kept_fraction"] = fresh_trained / self.generated_rows if self.generated_rows else 0.0
         out["dataflex/skipped_update"] = float(self.skip_update)
         out.update(counters.metrics())
@@ -466,5 +655,5 @@ class StepKit:
         self.counters.load_state_dict(state)
 
 
-__all__ = ["Candidates", "Chosen", "Generation", "RolloutOutcome", "Step", "StepKit", "concat_rounds",
-           "rows_of_groups"]
+__all__ = ["Candidates", "Chosen", "Continuation", "Generation", "RolloutOutcome", "Step", "StepKit", "concat_rounds",
+           "concat_rows", "rows_of_groups"]

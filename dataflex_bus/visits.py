@@ -22,6 +22,11 @@ OTHER, EASY, HARD = 0, 1, 2
 CLASS_NAMES = ("other", "easy", "hard")
 #: Recent visits the history keeps per prompt (ring buffer): the width of the ``[N, WINDOW]`` fields.
 WINDOW = 4
+#: Recent rollout rewards the history keeps per prompt, over its visits (Knapsack RL's reward buffer: 16).
+REWARD_WINDOW = 16
+#: A rollout is a success when its reward exceeds this: binary 0/1, Knapsack RL's -1/0/1 and GRESO's
+#: 0/0.1/1 rewards alike count only the right answers (the per-visit ``history_successes``).
+SUCCESS_THRESHOLD = 0.5
 
 #: Per-candidate fields of the ``on_prompts`` batch (``[N]`` unless noted).
 CANDIDATE_FIELDS = (
@@ -33,6 +38,11 @@ CANDIDATE_FIELDS = (
     "history_steps",         # [N, WINDOW] steps of the last visits, most recent first, -1 where none
     "history_means",         # [N, WINDOW] mean reward of those visits, NaN where none
     "history_classes",       # [N, WINDOW] class of those visits, -1 where none
+    "history_sizes",         # [N, WINDOW] rollouts of those visits (ragged groups differ), 0 where none
+    "history_successes",     # [N, WINDOW] of which successes (reward > SUCCESS_THRESHOLD), 0 where none
+    "history_rewards",       # [N, REWARD_WINDOW] the last rollout rewards over the visits, most recent first
+                             # (each visit's rows in reverse row order), NaN where none
+    "history_reward_count",  # rollout rewards recorded so far (every visit, every row)
 )
 #: Batch-level (0-dimensional) fields of the ``on_prompts`` batch.
 STEP_FIELDS = (
@@ -44,6 +54,46 @@ STEP_FIELDS = (
 )
 FIELDS = frozenset(CANDIDATE_FIELDS + STEP_FIELDS)
 MODES = ("zero_variance", "greso")
+
+
+@dataclass(frozen=True)
+class PromptState:
+    """Per-prompt state a component owns and the history keeps for it (MoPPS's Beta posterior): ``width``
+    float64 values per prompt, ``init`` per column for a prompt never visited. The history reads it out at
+    ``on_prompts`` as the ``[N, width]`` field :attr:`field` (``history_<name>``), updates it at every visit
+    through the component's :meth:`~dataflex_bus.components.Component.update_prompt_state`, and saves it
+    with the rest of the history (so a resume on another dataset is refused and a resumed run continues
+    exactly)."""
+
+    name: str
+    init: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or f"history_{self.name}" in FIELDS:
+            raise ConfigError(ConfigIssue("prompt_state", f"{self.name!r} must be an identifier naming no "
+                                          "built-in history field"))
+        if not self.init:
+            raise ConfigError(ConfigIssue("prompt_state", f"{self.name!r}: give at least one initial value"))
+
+    @property
+    def field(self) -> str:
+        return f"history_{self.name}"
+
+    @property
+    def width(self) -> int:
+        return len(self.init)
+
+
+@dataclass(frozen=True)
+class Visits:
+    """Visits handed to :meth:`~dataflex_bus.components.Component.update_prompt_state`: one per rolled-out
+    group of distinct prompts (``prompt``, long ``[V]``, dense indices), its rollouts (``size``) and successes
+    (``successes``, reward > :data:`SUCCESS_THRESHOLD`), both long ``[V]``, and the step."""
+
+    prompt: Tensor
+    size: Tensor
+    successes: Tensor
+    step: int
 
 
 @dataclass(frozen=True)

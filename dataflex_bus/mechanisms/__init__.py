@@ -73,12 +73,13 @@ def component_kinds() -> tuple[str, ...]:
 
 
 # The built-in mechanisms, in the order the command line and the docs list them.
+from .allocate import Allocate  # noqa: E402
 from .mix import Mix  # noqa: E402
 from .replay import Replay  # noqa: E402
 from .reweight import Reweight  # noqa: E402
 from .select import Select  # noqa: E402
 
-for _builtin in (Select(), Reweight(), Mix(), Replay()):
+for _builtin in (Select(), Reweight(), Mix(), Replay(), Allocate()):
     register_mechanism(_builtin)
 
 __all__ = ["Mechanism", "MethodRun", "actuator_kinds", "component_kinds", "for_kind", "mechanism",

@@ -165,8 +165,9 @@ class Prompts:
     def _fields(self) -> tuple[Tensor, ...]:
         return self.tokens, self.domains, self.levels, self.digits, self.lengths, self.targets
 
-    def repeat(self, n: int) -> Prompts:
-        """Each prompt ``n`` times in a row (a GRPO group is contiguous)."""
+    def repeat(self, n: int | Tensor) -> Prompts:
+        """Each prompt ``n`` times in a row (a GRPO group is contiguous); ``n`` long ``[N]``: prompt ``i``
+        ``n[i]`` times (ragged groups, an allocation's counts)."""
         return Prompts(*(x.repeat_interleave(n, 0) for x in self._fields()))
 
     def take(self, rows: Tensor) -> Prompts:

@@ -31,7 +31,7 @@ from ..carry import AdvantageAction
 from ..errors import ConfigError, DataflexError
 from ..ops import grpo_outcome_advantage
 from ..runtime import Runtime
-from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds
+from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds, group_labels
 from . import warmstart
 from .config import diff, fingerprint
 from .files import CheckpointError
@@ -108,12 +108,20 @@ class ShimTrainer:
         """The chosen candidates of a step's draws, in draw order."""
         return chosen.only or Prompts.cat(chosen.draws).take(chosen.index)
 
+    @staticmethod
+    def _take(prompts: Prompts, index: Tensor) -> Prompts:
+        """The prompts at ``index`` of a step's chosen prompts (a continuation's)."""
+        return prompts.take(index)
+
     # ------------------------------------------------------------------ one step
-    def _rollout(self, prompts: Prompts) -> Batch:
-        """Generate ``group_size`` responses per prompt and score them: the on_rollout batch."""
-        t, n = self.t, self.t["group_size"]
-        uid = torch.arange(self.next_uid, self.next_uid + len(prompts.domains))
-        self.next_uid += len(prompts.domains)
+    def _rollout(self, prompts: Prompts, counts: Tensor | None = None, uid: Tensor | None = None) -> Batch:
+        """Generate ``group_size`` responses per prompt (``counts``: that many of each, an allocation's) and score
+        them: the on_rollout batch. ``uid``: the groups' ids (a continuation's), else new ones."""
+        t = self.t
+        n = torch.full((len(prompts.domains),), t["group_size"]) if counts is None else counts
+        if uid is None:
+            uid = torch.arange(self.next_uid, self.next_uid + len(prompts.domains))
+            self.next_uid += len(prompts.domains)
         rows = prompts.repeat(n)
         extra = {}
         if self.runtime.needs_prompt_ids:
@@ -142,11 +150,21 @@ class ShimTrainer:
         gen = step.generation(step.fresh_prompts(self.t["prompts_per_step"]))
         rounds: list[Batch] = []
         while (n := gen.request()) > 0:
-            batch = self._rollout(self._join(step.prompts(n, lambda k: self._candidates(probs, k))))
+            chosen = step.prompts(n, lambda k: self._candidates(probs, k))
+            prompts = self._join(chosen)
+            batch = self._rollout(prompts, chosen.counts)
             gen.add(batch)
-            rounds.append(batch)
+            while (more := gen.continuation()) is not None:  # more rollouts for some groups (SPEED)
+                # The host's batch holds each prompt's rows in a block: a first row names its prompt and uid.
+                sizes = chosen.counts if chosen.counts is not None else torch.full((len(chosen.index),),
+                                                                                    self.t["group_size"])
+                prompt = torch.searchsorted(torch.cumsum(sizes, 0), more.rows, right=True)
+                uid = group_labels(batch)
+                assert isinstance(uid, Tensor)
+                gen.extend(self._rollout(self._take(prompts, prompt), more.counts, uid[more.rows]))
         outcome = gen.finish()
         # Shim uids grow with every prompt, so group order is arrival order across the rounds.
+        rounds = gen.batches
         generated = concat_rounds(rounds)
         keep = outcome.keep([len(b) for b in rounds])
         return generated, (generated if keep is None else generated.select(keep)), outcome.skip_update

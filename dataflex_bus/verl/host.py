@@ -121,6 +121,9 @@ def describe(config: Any) -> HostDescription:
     if bool(select(config, f"{actor}.shuffle", False)) and not (isinstance(epochs, int) and epochs <= 1):
         lacks(MINIBATCH_INDEX, f"{actor}.shuffle=true draws another mini-batch partition in every epoch "
               f"(ppo_epochs={epochs}); set {actor}.shuffle=false or ppo_epochs=1", advantage)
+
+    capabilities.discard("ragged_groups")
+    missing["ragged_groups"] = "the verl adapter does not set per-prompt rollout counts yet"
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,

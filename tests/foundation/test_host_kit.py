@@ -142,9 +142,9 @@ def test_the_shim_computes_entropy_only_when_asked(register):
 
 # ---------------------------------------------------------------------------- mechanisms
 def test_component_kinds_and_block_choices_come_from_the_mechanism_registry():
-    assert mechanism_names() == ("select", "reweight", "mix", "replay")
-    assert component_kinds() == ("scorer", "selector", "reweighter", "mixer", "replayer")
-    with pytest.raises(KeyError, match="registered: select, reweight, mix, replay"):
+    assert mechanism_names() == ("select", "reweight", "mix", "replay", "allocate")
+    assert component_kinds() == ("scorer", "selector", "reweighter", "mixer", "replayer", "allocator")
+    with pytest.raises(KeyError, match="registered: select, reweight, mix, replay, allocate"):
         mechanism("shuffle")
     with pytest.raises(ValueError, match="already"):
         register_mechanism(mechanism("select"))
@@ -191,7 +191,8 @@ def test_adding_a_mechanism_is_one_class_and_its_registration(register):
             validate({**block, "mechanism": "clp"})
     finally:
         unregister_mechanism("clip")
-    with pytest.raises(ConfigError, match=r"'clip' is not allowed \(allowed: select, reweight, mix, replay\)"):
+    refused = r"'clip' is not allowed \(allowed: select, reweight, mix, replay, allocate\)"
+    with pytest.raises(ConfigError, match=refused):
         validate({"mechanism": "clip", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "half"}})
 
 

@@ -74,14 +74,23 @@ class WorldShim(ShimTrainer):
     def _join(chosen: Chosen[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
         return torch.cat(chosen.draws)[chosen.index]
 
-    def _rollout(self, rows: torch.Tensor) -> Batch:  # type: ignore[override]
+    @staticmethod
+    def _take(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return rows[index]
+
+    def _rollout(self, rows: torch.Tensor, counts: torch.Tensor | None = None,  # type: ignore[override]
+                 uid: torch.Tensor | None = None) -> Batch:
+        # Sessions number a prompt's rollouts within one generation request, as verl's agent loop does
+        # (a continuation's start again at 0).
         domains, uids, rewards, lengths, sessions, rows_of = [], [], [], [], [], []
-        for i in rows.tolist():
+        sizes = [N] * len(rows) if counts is None else counts.tolist()
+        for j, (i, n) in enumerate(zip(rows.tolist(), sizes)):
             domain, row = self.prompts[i]
-            self.next_uid += 1
-            for s in range(N):
+            if uid is None:
+                self.next_uid += 1
+            for s in range(n):
                 domains.append(domain)
-                uids.append(self.next_uid)
+                uids.append(self.next_uid if uid is None else int(uid[j]))
                 rewards.append(reward(domain, s))
                 lengths.append(response_length(row, s))
                 sessions.append(s)

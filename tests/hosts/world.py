@@ -28,7 +28,8 @@ def behaviour_log_prob(row: Any, session: Any, token: Any) -> Any:
 
 
 def reward(domain: str, session: int) -> float:
-    return 1.0 if session in SOLVED[domain] else 0.0
+    """Right on the solved sessions of every block of ``N`` (an allocation's larger groups repeat the pattern)."""
+    return 1.0 if session % N in SOLVED[domain] else 0.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""Mechanism ``allocate``: how many rollouts each prompt gets (0: skip it), under a budget.
+
+Plain GRPO gives every prompt the same ``n`` rollouts. An allocator spends the same budget (default the
+step's ``prompts x group_size``) by what it expects to learn from each prompt: fed a ``pre_rollout`` score
+(the prompt's history) it acts at ``on_prompts`` and returns one count per candidate (Knapsack RL); fed a
+``post_reward`` score it acts at ``on_rollout`` after each generation round and returns how many more
+rollouts each group gets, appended to the same group in a continuation round (SPEED), and which groups go
+on. The bus checks every count (:class:`~dataflex_bus.carry.CountRules`: the budget, ``min_n``, ``max_n``,
+never a group of one unless the allocator allows it) and the host kit carries them out
+(:mod:`dataflex_bus.steps`); a host must be able to generate ragged groups (capability ``ragged_groups``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from ..components import Actuator, Allocator, Budget, Scorer
+from ..errors import BatchFieldError, ConfigIssue
+from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ..batch import Batch
+    from ..carry import CountRules
+    from ..decision import Decision
+    from ..host import HostDescription
+
+#: The batch-level field the host kit adds to an ``on_rollout`` batch an allocator acts on: the generation
+#: round of its groups (0 at the first emission, one more after each continuation).
+ROUND_FIELD = "budget_round"
+#: What the refusal on a host without ragged groups offers instead.
+ALTERNATIVE = ("select prompts with a pre_rollout selector instead (e.g. mopps or greso), which keeps "
+               "the host's group size")
+
+
+class Allocate(Mechanism):
+    name: ClassVar[str] = "allocate"
+    kind: ClassVar[str] = "allocator"
+    base: ClassVar[type[Actuator]] = Allocator
+    summary: ClassVar[str] = "how many rollouts each prompt gets (0: skip), under a rollout budget"
+    per_block: ClassVar[int | None] = 1
+    per_block_reason: ClassVar[str] = "one allocator: the counts of two would not compose"
+    before_generation: ClassVar[bool] = True
+    drops_rows: ClassVar[bool] = True
+
+    def events(self, actuator: type[Actuator]) -> dict[str, str]:
+        out = {"on_prompts": "fed a pre_rollout score: counts per candidate"}
+        if getattr(actuator, "rounds", 1) > 1:
+            out["on_rollout"] = "fed a post_reward score: continuation counts per group"
+        return out
+
+    def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
+              key: str) -> list[ConfigIssue]:
+        issues = []
+        sname, aname = method.scorer.name, method.actuator.name
+        event = latest_event(scorer.timing, actuator.min_timing)
+        if not host.can("ragged_groups"):
+            issues.append(ConfigIssue(f"{key}.mechanism", f"allocates rollouts per prompt, which host {host.name!r} "
+                                      f"cannot carry out{host.why_not('ragged_groups')} (it lacks ragged_groups); "
+                                      f"{ALTERNATIVE}"))
+        if event == "on_prompts" and scorer.needs_groups:
+            issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout but needs groups of "
+                                      "rollouts, which do not exist before generation"))
+        if event == "on_prompts" and not host.can("prompt_selection"):
+            issues.append(ConfigIssue(f"{key}.scorer.name", f"allocates before generation (on_prompts), which host "
+                                      f"{host.name!r} cannot do{host.why_not('prompt_selection')}"))
+        if event == "on_rollout" and getattr(actuator, "rounds", 1) < 2:
+            issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs {scorer.timing}, after the "
+                                      f"rollouts {actuator.kind} {aname!r} allocates before generation; pair it with "
+                                      "a pre_rollout scorer (such as knapsack_rate)"))
+        if timing_after(scorer.timing, "post_reward"):
+            issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs {scorer.timing}: rollouts are "
+                                      "allocated before generation or, for a continuation, after the rewards"))
+        return issues
+
+    def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:
+        from ..carry import check_counts
+
+        view, score, dropped = run.score(batch, step, decision.metrics)
+        actuator = run.actuator
+        assert isinstance(actuator, Allocator)
+        budget = _budget(view, actuator)
+        out = run.call("actuator", actuator.allocate, view, score, step, budget)
+        before = run.event == "on_prompts"
+        rules = rules_of(actuator, budget, before_generation=before, key=f"{run.config.name}: actuator.params")
+        for k, v in out.metrics.items():
+            decision.metrics[f"{run.prefix}{k}"] = float(v)
+        if before:
+            counts = check_counts(out.counts, view, rules)
+            if run.empty(batch, counts > 0, step, decision, dropped):
+                if decision.skip_update:  # on_empty=skip: one candidate goes through, its update is skipped
+                    first = _first(view)
+                    decision.keep = first
+                    decision.counts = first.long() * max(budget.group_size, rules.min_n)
+                # keep_all: no counts, so every candidate gets the host's group size
+                return
+            decision.restrict(counts > 0)
+            decision.counts = counts
+            return
+        self._continue(run, batch, view, out.counts, out.keep, budget, rules, decision, step, dropped)
+
+    def _continue(self, run: MethodRun, batch: Batch, view: Batch, counts: Tensor, keep: Tensor | None,
+                  budget: Budget, rules: CountRules, decision: Decision, step: int, dropped: Tensor | None) -> None:
+        """``on_rollout``: continuation counts per row (the group's), the groups that go on."""
+        import torch
+
+        from ..carry import check_counts
+        from .select import _check_whole_groups
+
+        actuator = run.actuator
+        assert isinstance(actuator, Allocator)
+        sizes = view.group_sizes[view.group_index.clamp_min(0)]
+        counts = check_counts(counts, view, rules, sizes=sizes)
+        if bool((counts > 0).any()) and budget.round + 1 >= actuator.rounds:
+            raise BatchFieldError(actuator.who, "counts", f"asked for generation round {budget.round + 2} of a "
+                                  f"group, but declares rounds={actuator.rounds}")
+        keep = view.valid_rows if keep is None else keep.to(torch.bool) & view.valid_rows
+        if keep.shape != (len(view),):
+            raise BatchFieldError(actuator.who, "keep", f"expected shape ({len(view)},), got {tuple(keep.shape)}")
+        _check_whole_groups(actuator, view, keep)
+        decision.counts = torch.where(keep, counts, 0)
+        if run.refill:  # an empty round is refilled, not skipped (the host kit's GroupFill)
+            if dropped is not None:
+                decision.drop(dropped)
+            decision.restrict(keep)
+        elif not run.empty(batch, keep, step, decision, dropped):
+            decision.restrict(keep, on_empty=run.config.on_empty)
+
+
+def _first(batch: Batch) -> Tensor:
+    from ..carry import first_group
+
+    return first_group(batch) & batch.valid_rows
+
+
+def _budget(batch: Batch, actuator: Allocator) -> Budget:
+    """The budget of this batch: what the host kit wrote into it (``budget_*``), the allocator's own ``budget``
+    replacing the step's ``prompts x group_size``."""
+    def field(name: str, default: int = 0) -> int:
+        return int(batch[name]) if batch.has(name) else default
+
+    prompts, group_size = field("budget_prompts", len(batch)), field("budget_group_size")
+    total = actuator.budget if actuator.budget is not None else field("budget_rollouts", prompts * group_size)
+    if total <= 0:
+        raise BatchFieldError(actuator.who, "budget", "the host gives no group size to derive the budget from; set "
+                              "the allocator's budget")
+    return Budget(rollouts=int(total), prompts=prompts, group_size=group_size, round=field(ROUND_FIELD))
+
+
+def rules_of(actuator: Allocator, budget: Budget, *, before_generation: bool,
+             key: str = "actuator.params") -> CountRules:
+    """The rules an allocator's counts must follow at ``budget``; the budget itself binds the counts made
+    before generation (a continuation adds to what was generated, bounded by ``max_n`` per group)."""
+    from ..carry import CountRules
+
+    total = budget.rollouts if before_generation else None
+    return CountRules(total=total, exact=bool(actuator.exact_budget), min_n=int(actuator.min_n),
+                      max_n=int(actuator.max_n), who=actuator.who, key=key)
+
