@@ -19,3 +19,5 @@ def dataflex_register(register):
              summary="per-token entropy of the policy (the host's entropy field)")
     register("scorer", "zero_variance_streak", "dataflex_plugins.methods.prompts:ZeroVarianceStreak",
              summary="pre-rollout: signed length of the prompt's current run of all-right/all-wrong visits")
+    register("scorer", "mopps", "dataflex_plugins.methods.mopps:Mopps",
+             summary="pre-rollout: MoPPS Thompson draw from the prompt's Beta posterior, closeness to a target rate")

@@ -19,3 +19,5 @@ def dataflex_register(register):
              summary="token selection: train the policy gradient on the top-rho tokens by score (80/20 rule)")
     register("selector", "greso", "dataflex_plugins.methods.prompts:Greso",
              summary="GRESO: skip prompts likely zero-variance again, before generation (adaptive exploration)")
+    register("selector", "top_b", "dataflex_plugins.methods.mopps:TopB",
+             summary="pre-rollout: keep the B best-scored candidates of a pool of pool x B (MoPPS)")

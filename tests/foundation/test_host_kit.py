@@ -74,6 +74,8 @@ def test_a_field_the_host_lacks_is_refused_naming_the_host_and_why(register):
                          "actuator": {"name": "dump_ucb"}}, "dataflex.mechanism"),
     ("loss_weights", {"mechanism": "reweight", "scorer": {"name": "token_prob"},
                       "actuator": {"name": "advantage_reweight"}}, "dataflex.mechanism"),
+    ("ragged_groups", {"mechanism": "allocate", "scorer": {"name": "knapsack_rate"},
+                       "actuator": {"name": "knapsack"}}, "dataflex.mechanism"),
 ])
 def test_a_capability_the_host_lacks_is_refused_naming_the_host(capability, block, key):
     host = ANY_HOST.replace(name="lab", capabilities=frozenset(CAPABILITIES) - {capability},
