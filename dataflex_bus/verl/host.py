@@ -114,6 +114,10 @@ def describe(config: Any) -> HostDescription:
         capabilities.discard("replay")
         missing["replay"] = (f"the adapter replays in the synchronous trainer only (trainer mode {mode!r}): set "
                              "trainer.v1.trainer_mode=dataflex_sync")
+        capabilities.discard("ragged_groups")
+        missing["ragged_groups"] = (f"per-prompt rollout counts (__rollout_n__) are set where the synchronous "
+                                    f"trainer fetches a step's prompts; trainer mode {mode!r} fetches one prompt at "
+                                    "a time ahead of the step: set trainer.v1.trainer_mode=dataflex_sync")
     rollout_is = select(config, f"{ROLLOUT_CORRECTION}.rollout_is")
     step_end = frozenset(advantage - {MINIBATCH_INDEX})
     actor = "actor_rollout_ref.actor"
@@ -121,9 +125,6 @@ def describe(config: Any) -> HostDescription:
     if bool(select(config, f"{actor}.shuffle", False)) and not (isinstance(epochs, int) and epochs <= 1):
         lacks(MINIBATCH_INDEX, f"{actor}.shuffle=true draws another mini-batch partition in every epoch "
               f"(ppo_epochs={epochs}); set {actor}.shuffle=false or ppo_epochs=1", advantage)
-
-    capabilities.discard("ragged_groups")
-    missing["ragged_groups"] = "the verl adapter does not set per-prompt rollout counts yet"
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
@@ -179,6 +180,11 @@ def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> lis
                                       "prompts for a step's first round; the first round cannot be smaller",
                                       hint=f"leave it unset or set it to {train} or more"))
     issues.extend(replay_issues(config, cfg, key))
+    if verl_dapo and any(m.name == "allocate" for m in mechs):
+        issues.append(ConfigIssue("algorithm.filter_groups.enable", "an allocation runs the step's generation rounds "
+                                  "in dataflex's replay buffer, where verl's own filter_groups would not act",
+                                  hint="set it to false and stack a dataflex dapo selector (with dataflex.refill "
+                                  "to refill what it drops)"))
     if verl_dapo and any(m.resolved is not None and getattr(m.resolved.actuator.load(), "filters_zero_variance", False)
                          for m in cfg.methods):
         log.warning("dataflex: algorithm.filter_groups already evicts zero-variance groups (and refills them); "

@@ -95,6 +95,8 @@ log = logging.getLogger("dataflex_bus")
 STATE_FILE = "dataflex_state.pt"
 #: Fields every event reads, whatever the method: labels, rewards and the response mask.
 BASE_FIELDS = ("uid", "response_mask", "rm_scores")
+#: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
+ROLLOUT_N = "__rollout_n__"
 
 
 def dataflex_block(config: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
@@ -147,6 +149,9 @@ class DataflexTrainer(PPOTrainer):
         self._refill_dispatched = 0
         #: Prompt uids submitted for generation since the last round began (refill rounds).
         self._dispatched: list[str] = []
+        #: The step's fetched prompt batches, and where each prompt uid sits in them (continuation rounds).
+        self._fetched: list[TensorDict] = []
+        self._fetched_at: dict[str, tuple[int, int]] = {}
         self._empty_blocks_seen = 0
         self._rewards: dict[str, float] = {}
         #: Replay: the step's fresh rows after the on_rollout removal, the keys of its replayed rows (their index
@@ -164,7 +169,7 @@ class DataflexTrainer(PPOTrainer):
         self.trainer_mode = self.verl_mode
         self.parameter_sync_step = self.config.trainer.v1.get(self.verl_mode, {}).get("parameter_sync_step", 1)
         buffer = super()._build_replay_buffer()
-        refill = self.dataflex.refill is not None
+        refill = self._runs_rounds
         if refill and type(buffer) is not ReplayBuffer:
             raise ConfigError(ConfigIssue(
                 "dataflex.refill", f"refill runs through verl's synchronous replay buffer; trainer mode "
@@ -173,12 +178,19 @@ class DataflexTrainer(PPOTrainer):
         # history); under dataflex.refill the buffer runs the kit's rounds.
         if type(buffer) is not ReplayBuffer or not (refill or buffer.filter_groups_metric is not None):
             return buffer
-        if refill:
+        if self.dataflex.refill is not None:
             buffer.gen_batch_size = 1  # exact refills, as verl sets for its own DAPO
             buffer.train_batch_size = self.config.data.train_batch_size
             buffer.refill_fn = self._refill
         return DataflexReplayBuffer.like(buffer, on_finished=None if refill else self._on_finished,
                                          rounds=self._generation_rounds if refill else None)
+
+    @property
+    def _runs_rounds(self) -> bool:
+        """The replay buffer's sample runs the kit's generation rounds: under ``dataflex.refill``, and whenever
+        a method allocates rollouts (a round's prompts are the ones dispatched, however many an allocation left:
+        verl's own sample would wait for ``train_batch_size`` of them; a continuation generates more)."""
+        return self.dataflex.refill is not None or self.dataflex.allocates
 
     # ------------------------------------------------------------------ events
     def _step_index(self) -> int:
@@ -252,7 +264,7 @@ class DataflexTrainer(PPOTrainer):
 
     def _on_rollout(self, meta: KVBatchMeta) -> KVBatchMeta:
         step = self._current_step()
-        if self.dataflex.refill is not None:
+        if self._runs_rounds:
             # The buffer ran the generation rounds (on_rollout, history, counters) and evicted what the fill
             # does not train: only the rewards are left to remember, for the trained-only metrics.
             batch, _ = self._read("on_rollout", meta, emits=False)
@@ -341,22 +353,25 @@ class DataflexTrainer(PPOTrainer):
         step = self._current_step()
         gen = step.generation(batch_size)
         first = gen.request()
-        if first > len(self._dispatched):
+        if self.dataflex.refill is not None and first > len(self._dispatched):
             self._refill(first - len(self._dispatched))
         rounds: list[tuple[list[str], list[str]]] = []  # per round: trajectory keys (row order), failed uids
+        #: continuation prompt uid -> the group (prompt uid) its rollouts extend
+        owner: dict[str, str] = {}
         while True:
             uids, self._dispatched = self._dispatched, []
-            self._wait_terminal(buffer, partition_id, set(uids))
-            failed = [u for u in uids if u in buffer.failure_keys[partition_id]]
-            wanted = set(uids) - set(failed)
-            keys = [k for k in buffer.partitions[partition_id] if uid_of(k) in wanted]
-            # Rows in dispatch order of their prompts: the fill's arrival order.
-            position = {u: i for i, u in enumerate(uids)}
-            keys.sort(key=lambda k: position[uid_of(k)])
-            rounds.append((keys, failed))
+            keys, failed = self._terminal_keys(buffer, partition_id, uids)
             if keys:
                 tags = [buffer.partitions[partition_id][k] for k in keys]
                 gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True))
+                while (more := gen.continuation()) is not None:
+                    extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
+                                           more.counts.tolist(), owner)
+                    keys = keys + extra
+                    tags = [buffer.partitions[partition_id][k] for k in extra]
+                    gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
+                                              emits=True))
+            rounds.append((keys, failed))
             n = gen.request()
             if n == 0:
                 break
@@ -374,11 +389,12 @@ class DataflexTrainer(PPOTrainer):
             keep = next(keeps)
             flags = itertools.repeat(True) if keep is None else keep.tolist()
             for key, kept in zip(keys, flags):
+                # a continuation's rows are kept or evicted with their group, under their own prompt uid
                 if kept:
                     trained.append(uid_of(key))
                 else:
                     evicted.add(uid_of(key))
-        trained = list(dict.fromkeys(trained))  # a uid per group, in arrival order
+        trained = list(dict.fromkeys(trained))  # a uid per prompt dispatched, in arrival order
         if failures:
             step.metrics["dataflex/refill/failed_groups"] = float(failures)
         snapshot = dict(buffer.partitions[partition_id])
@@ -388,6 +404,41 @@ class DataflexTrainer(PPOTrainer):
             raise RuntimeError("dataflex.refill: the generation rounds left no group with trajectories to train "
                                "(every dispatched prompt failed)")
         return buffer._materialize_batch(partition_id, trained, snapshot)
+
+    def _terminal_keys(self, buffer: ReplayBuffer, partition_id: str, uids: list[str]) -> tuple[list[str], list[str]]:
+        """Wait until every prompt of ``uids`` is terminal; its trajectory keys in dispatch order of their prompts
+        (the fill's arrival order), and the prompts that failed."""
+        self._wait_terminal(buffer, partition_id, set(uids))
+        failed = [u for u in uids if u in buffer.failure_keys[partition_id]]
+        wanted = set(uids) - set(failed)
+        keys = [k for k in buffer.partitions[partition_id] if uid_of(k) in wanted]
+        position = {u: i for i, u in enumerate(uids)}
+        keys.sort(key=lambda k: position[uid_of(k)])
+        return keys, failed
+
+    def _continue(self, buffer: ReplayBuffer, partition_id: str, first_keys: list[str], counts: list[int],
+                  owner: dict[str, str]) -> list[str]:
+        """A continuation round: ``counts[i]`` more rollouts of the prompt of ``first_keys[i]``'s group, dispatched
+        as new prompts (verl numbers a prompt's sessions from 0, so the same uid would overwrite the group's
+        trajectories) whose trajectories then carry the group's uid (verl's advantage groups by it); returns their
+        trajectory keys. A continuation prompt that fails adds nothing to its group."""
+        groups = [owner.get(uid_of(k), uid_of(k)) for k in first_keys]
+        spots = [self._fetched_at[g] for g in groups]
+        picked = [tu.index_select_tensor_dict(self._fetched[c], [r]) for c, r in spots]
+        batch = picked[0] if len(picked) == 1 else tu.concat_tensordict(picked)
+        fresh = [str(uuid.uuid4()) for _ in groups]
+        tu.assign_non_tensor_stack(batch, "uid", fresh)
+        tu.assign_non_tensor_stack(batch, ROLLOUT_N, [int(c) for c in counts])
+        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
+        super()._submit_batch_to_rollout(batch)  # not a round of the fill: kept out of self._dispatched
+        keys, _ = self._terminal_keys(buffer, partition_id, fresh)
+        if keys:
+            relabel = TensorDict({}, batch_size=len(keys))
+            of = dict(zip(fresh, groups))
+            tu.assign_non_tensor_stack(relabel, "uid", [of[uid_of(k)] for k in keys])
+            tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=relabel)
+        owner.update(zip(fresh, groups))
+        return keys
 
     def _wait_terminal(self, buffer: ReplayBuffer, partition_id: str, uids: set[str]) -> None:
         """Poll TransferQueue until every prompt of ``uids`` finished or failed."""
@@ -438,7 +489,7 @@ class DataflexTrainer(PPOTrainer):
             target = self._current_step().fresh_prompts(target)
         if not self.dataflex.selects_prompts:
             fetch = super()._next_train_batch
-            return self._current_step().prompts(target, lambda n: Candidates(fetch(n))).draws[0]
+            return self._remember(self._current_step().prompts(target, lambda n: Candidates(fetch(n))).draws[0])
         gen = self.config.data.get("gen_batch_size", None) or train_batch_size
         if target <= 0 or target % gen != 0:
             raise ValueError(f"num_prompts ({target}) must be a positive multiple of gen_batch_size ({gen}); it is "
@@ -447,7 +498,19 @@ class DataflexTrainer(PPOTrainer):
         everything = chosen.draws[0] if len(chosen.draws) == 1 else tu.concat_tensordict(chosen.draws)
         out = tu.index_select_tensor_dict(everything, chosen.index)
         tu.assign_non_tensor_data(out, "global_steps", self.global_steps)
-        return out
+        if chosen.counts is not None:
+            # verl's v1 agent loop reads a per-prompt __rollout_n__ in place of rollout.n (agent_loop_tq.py
+            # _run_prompt); candidates allocated 0 rollouts were left out above, so they take no prompt slot.
+            tu.assign_non_tensor_stack(out, ROLLOUT_N, [int(c) for c in chosen.counts.tolist()])
+        return self._remember(out)
+
+    def _remember(self, batch: TensorDict) -> TensorDict:
+        """Keep the step's fetched prompts by uid when a continuation round may ask for more of them."""
+        if self.dataflex.allocator("on_rollout") is not None:
+            chunk = len(self._fetched)
+            self._fetched.append(batch)
+            self._fetched_at.update((str(u), (chunk, i)) for i, u in enumerate(labels_of(batch["uid"])))
+        return batch
 
     # ------------------------------------------------------------------ advantage and update
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -559,6 +622,7 @@ class DataflexTrainer(PPOTrainer):
         self._drawn = {}
         self._refill_dispatched = 0
         self._dispatched = []
+        self._fetched, self._fetched_at = [], {}
         batch = super().step(metrics, timing_raw)
         if self.dataflex.refill is not None:
             metrics["dataflex/refill/dispatched_prompts"] = float(self._refill_dispatched)

@@ -49,6 +49,7 @@ def _verl() -> Host:
         ("refill", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
         ("loss_weights", verl_host.description(["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"])),
         ("replay", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
+        ("ragged_groups", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
     ])
 
 

@@ -169,6 +169,46 @@ def _greso(records: list[StepRecord]) -> None:
     assert records[-1].metrics["dataflex/prompts_considered"] >= 4
 
 
+def _knapsack(records: list[StepRecord]) -> None:
+    first, second = records
+    # step 0: every prompt new, the group size each; step 1: rates copy 1/2, sort 1/4, reverse 0 -> floors of 2
+    # and the 12 rollouts left to the four effective prompts by Value(n, p)
+    assert trained_domains(first) == {"copy": 8, "sort": 8, "reverse": 8}
+    assert first.metrics["dataflex/alloc/max"] == first.metrics["dataflex/alloc/min"] == 4
+    m = second.metrics
+    assert m["dataflex/knapsack/effective"] == 4 and m["dataflex/knapsack/never_solved"] == 2
+    assert m["dataflex/alloc/min"] == 2 and m["dataflex/alloc/max"] > 4 and m["dataflex/alloc/rollouts"] == 24
+    assert trained_domains(second)["reverse"] == 4 and len(second.trained) == 24
+    assert m["compute/generated_rollouts"] == 48
+
+
+def _knapsack_skip(records: list[StepRecord]) -> None:
+    # negative_n=0: the never-solved prompts (reverse) get no rollout at step 1, so verl dispatches 4 prompts,
+    # not train_batch_size, and the step still ends; the budget goes to copy and sort
+    second = records[1]
+    assert "reverse" not in trained_domains(second) and len(second.trained) == 24
+    assert second.metrics["dataflex/alloc/skipped"] == 2 and second.metrics["dataflex/alloc/covered"] == 4
+    assert second.metrics["dataflex/prompts_generated"] == 4
+
+
+def _speed(records: list[StepRecord]) -> None:
+    (r,) = records
+    # copy [1,0,1,0] and sort [1,0,0,0] qualify and get 4 more rollouts each (groups of 8), reverse is dropped
+    assert trained_domains(r) == {"copy": 16, "sort": 16}
+    assert {round(abs(x.advantages[0]), 4) for k, x in r.trained.items() if k[0] == "copy"} == {0.9354}
+    m = r.metrics
+    assert m["compute/generated_rollouts"] == 24 + 16 and m["dataflex/alloc/continued"] == 4
+    assert m["dataflex/speed/qualified_groups"] == 4 and m["dataflex/alloc/max"] == 8
+
+
+def _mopps(records: list[StepRecord]) -> None:
+    assert all(r.metrics["dataflex/prompts_considered"] == 6 and r.metrics["dataflex/prompts_generated"] == 3
+               for r in records)
+    assert all(len(r.trained) == 12 for r in records)
+
+
+ALLOCATE_KNAPSACK = {"mechanism": "allocate", "scorer": {"name": "knapsack_rate", "params": {"min_buffer_length": 4}},
+                     "actuator": {"name": "knapsack"}}
 REFILL_WORLD = World((("reverse", 5), ("copy", 4), ("sort", 3)))
 REPLAY = {"mechanism": "replay", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "rollout_replay"}}
 REPO = {"unit": "prompt", "priority": "highest", "advantage": "split", "correction": "behaviour", "per_prompt": 8,
@@ -216,6 +256,14 @@ CASES: dict[str, Case] = {
         {"name": "dapo", "mechanism": "select", "scorer": {"name": "reward_difficulty"},
          "actuator": {"name": "dapo"}}]},
         _greso, steps=3, batch=4, world=World((("reverse", 4), ("copy", 4), ("sort", 4)))),
+    "allocate-knapsack": Case(ALLOCATE_KNAPSACK, _knapsack, steps=2),
+    "allocate-knapsack-skip": Case({**ALLOCATE_KNAPSACK, "actuator": {"name": "knapsack",
+                                                                       "params": {"negative_n": 0}}},
+                                   _knapsack_skip, steps=2),
+    "allocate-speed": Case({"mechanism": "allocate", "scorer": {"name": "group_solve_rate"},
+                            "actuator": {"name": "speed", "params": {"n_continue": 4}}}, _speed),
+    "prompts-mopps": Case({"mechanism": "select", "scorer": {"name": "mopps", "params": {"seed": 3}},
+                           "actuator": {"name": "top_b", "params": {"pool": 2}}}, _mopps, steps=2, batch=3),
 }
 
 
@@ -315,6 +363,7 @@ def test_every_capability_the_host_lacks_is_refused_naming_the_host(host):
         "domain_sampling": CASES["mix"].block,
         "loss_weights": CASES["reweight"].block,
         "replay": CASES["replay-dots"].block,
+        "ragged_groups": CASES["allocate-knapsack"].block,
     }
     assert set(blocks) == set(CAPABILITIES)
     for capability, description in host.lacking():

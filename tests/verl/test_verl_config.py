@@ -82,6 +82,20 @@ def test_reweight_refused_when_verl_ignores_the_weights(data, tmp_path, verl_com
     assert trainer.dataflex.mechanisms == {"reweight"}  # geo_mean: warned, not refused
 
 
+KNAPSACK = ["+dataflex.mechanism=allocate", "+dataflex.scorer.name=knapsack_rate", "+dataflex.actuator.name=knapsack"]
+
+
+def test_allocation_needs_the_sync_trainer_and_its_own_group_filter(data, tmp_path):
+    from dataflex_bus.errors import ConfigError
+
+    _, trainer = build(data, tmp_path, KNAPSACK)
+    assert trainer.dataflex.host.can("ragged_groups")
+    with pytest.raises(ConfigError, match=r"host 'verl'.*dataflex_sync.*ragged_groups.*pre_rollout selector"):
+        build(data, tmp_path, [*KNAPSACK, "trainer.v1.trainer_mode=dataflex_colocate_async"])
+    with pytest.raises(ConfigError, match=r"algorithm.filter_groups.enable.*dapo selector"):
+        build(data, tmp_path, [*KNAPSACK, "algorithm.filter_groups.enable=true"])
+
+
 STACK_OVERRIDE = ("+dataflex.methods=[{name: filter, mechanism: select, scorer: {name: reward_difficulty}, "
                   "actuator: {name: dapo}}, {name: curriculum, mechanism: mix, scorer: {name: advantage_magnitude}, "
                   "actuator: {name: dump_ucb}}, {name: ar, mechanism: reweight, scorer: {name: token_prob}, "

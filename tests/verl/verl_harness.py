@@ -167,14 +167,16 @@ class FakeAgentLoop:
         for p in prompts:
             uid, row, domain = p["uid"], int(p["extra_info"]["index"]), p["data_source"]
             self.prompts[str(uid)] = (domain, row)
+            # As AgentLoopManagerTQ._run_prompt: a per-prompt __rollout_n__ column overrides rollout.n.
+            n = int(p.pop("__rollout_n__", self.n))
             tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
             keys, fields, tags = [], [], []
-            for s in range(self.n):
+            for s in range(n):
                 plen, rlen = 3 + row % 3, 2 + (row + s) % 4
                 prompt = torch.tensor([(row * 7 + j) % 120 + 2 for j in range(plen)], dtype=torch.int64)
                 resp = torch.tensor([(row * 11 + s * 5 + j) % 120 + 2 for j in range(rlen)], dtype=torch.int64)
                 rm = torch.zeros(rlen, dtype=torch.float32)
-                rm[-1] = 1.0 if s in self.solved[domain] else 0.0
+                rm[-1] = 1.0 if s % self.n in self.solved[domain] else 0.0
                 mask = torch.ones(rlen, dtype=torch.int64)
                 step = int(p["global_steps"])
                 field = {k: v for k, v in p.items()}
