@@ -8,7 +8,7 @@ Two readings, per seed and as seed means (the runs are the ones ``compare.json``
 * **rollouts to reach the baseline's accuracy**: for each seed, the generated rollouts at which the
   method's held-out metric first reaches the ``--baseline`` run's final value on the same seed (linear
   interpolation between eval points; ``not reached`` if it never does), against the rollouts the
-  baseline itself generated.
+  baseline itself generated, and the factor ``baseline / needed`` with its 95% t interval over seeds.
 
 Run: ``python benchmarks/greso_report.py runs/compare --versus dynamic_sampling --baseline grpo_baseline``.
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 from dataflex_bus.errors import DataflexError
 from dataflex_bus.shim.compare import load_curve
+from dataflex_bus.shim.stats import mean_ci
 
 
 def read_run(run_dir: Path, metric: str) -> dict[str, Any]:
@@ -51,6 +52,19 @@ def reach(points: list[tuple[float, float]], target: float) -> float | None:
             return r0 + (rollouts - r0) * (target - v0) / (value - v0)
         prev = (rollouts, value)
     return None
+
+
+def fewer(needed: list[float | None], base: list[float]) -> str:
+    """How many times fewer rollouts than the baseline the method needed to reach its final accuracy, per
+    seed ``baseline / needed``, with the 95% t interval of the mean over seeds (every seed must reach it)."""
+    if any(n is None for n in needed):
+        return "x fewer rollouts: not every seed reaches it, no interval"
+    factor = [b / n for n, b in zip(needed, base) if n is not None]
+    est = mean_ci(factor)
+    ci = "" if est.ci is None else f" [95% CI {est.ci[0]:.2f}, {est.ci[1]:.2f}]"
+    verdict = "" if est.ci is None else (" (interval above 1x)" if est.ci[0] > 1 else
+                                         " (interval below 1x)" if est.ci[1] < 1 else " (interval includes 1x)")
+    return f"x fewer rollouts than the baseline: {est.mean:.2f}x{ci}{verdict}; per seed {[round(f, 2) for f in factor]}"
 
 
 def summary(values: list[float], digits: int = 1) -> str:
@@ -96,6 +110,7 @@ def main() -> int:
             rel = f"{statistics.mean(ratio):.2f}x the baseline's" if ratio else "-"
             print(f"  {label:24s} {mean:>10s} rollouts ({len(got)}/{len(needed)} seeds reach it; {rel}); "
                   f"per seed {shown}")
+            print(f"  {'':24s} {fewer(needed, [b['rollouts'] for b in base])}")
     return 0 if all(math.isfinite(r["per_group"]) for rs in runs.values() for r in rs) else 1
 
 

@@ -50,9 +50,9 @@ def dataflex_register(register: Register) -> None:
     """Declare the components this plugin provides.
 
     Call ``register(kind, name, target, summary="")`` once per component, where ``kind`` is one of
-    ``scorer``, ``selector``, ``reweighter`` or ``mixer`` and ``target`` is the component class or an
-    import string ``"package.module:ClassName"`` (preferred: the module is imported only when the
-    component is built, so ``dataflex plugins`` stays fast and never imports torch).
+    ``scorer``, ``selector``, ``reweighter``, ``mixer`` or ``allocator`` and ``target`` is the component
+    class or an import string ``"package.module:ClassName"`` (preferred: the module is imported only when
+    the component is built, so ``dataflex plugins`` stays fast and never imports torch).
     """
 
 
@@ -74,7 +74,9 @@ def on_prompts(batch: Batch, step: int, decision: Decision) -> None:
     dataset's prompt table), the domain label and, when a method keeps the per-prompt history, the
     ``history_*`` fields (:mod:`dataflex_bus.history`); nothing about responses exists. A ``select`` method
     with a ``pre_rollout`` scorer acts here: the host generates only the candidates kept and draws more
-    (bounded by ``dataflex.max_oversample``) until it has the prompts it needs. Emitted once per draw, so
+    (bounded by ``dataflex.max_oversample``) until it has the prompts it needs. An ``allocate`` method with a
+    ``pre_rollout`` scorer gives each candidate its number of rollouts (0: not generated) under the step's
+    budget (the ``budget_*`` fields), on one draw of the step's candidates. Emitted once per draw, so
     possibly several times per step.
     """
 
@@ -87,7 +89,9 @@ def on_rollout(batch: Batch, step: int, decision: Decision) -> None:
     ``rollout_log_probs``. Emitted once per generation round (several per step when ``dataflex.refill``
     tops the batch up). A ``select`` method with a ``post_reward`` scorer whose selector keeps or
     drops whole groups (``Selector.keeps_whole_groups``) acts here: the groups it drops are removed before
-    any further compute is spent on them.
+    any further compute is spent on them. An ``allocate`` method with a ``post_reward`` scorer may give
+    groups more rollouts: the host generates them (a continuation round) under the same ``uid`` and the
+    round's groups, now larger, are emitted again.
     """
 
 

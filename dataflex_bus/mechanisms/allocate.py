@@ -45,7 +45,9 @@ class Allocate(Mechanism):
     drops_rows: ClassVar[bool] = True
 
     def events(self, actuator: type[Actuator]) -> dict[str, str]:
-        out = {"on_prompts": "fed a pre_rollout score: counts per candidate"}
+        out = {}
+        if actuator.min_timing == "pre_rollout":
+            out["on_prompts"] = "fed a pre_rollout score: counts per candidate"
         if getattr(actuator, "rounds", 1) > 1:
             out["on_rollout"] = "fed a post_reward score: continuation counts per group"
         return out

@@ -8,10 +8,10 @@ from dataflex_bus.discovery import get_plugins
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 SCORERS = ["reward_difficulty", "group_solve_rate", "advantage_magnitude", "token_prob", "zero_variance_streak",
-           "token_entropy"]
+           "token_entropy", "knapsack_rate", "mopps"]
 FIRST_PARTY = [*SCORERS, "threshold_band", "dapo", "topk_fraction", "max_variance", "greso", "top_entropy",
-               "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static",
-               "rollout_replay"]
+               "top_b", "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static",
+               "rollout_replay", "knapsack", "speed"]
 
 
 @pytest.mark.parametrize("name", FIRST_PARTY)
@@ -21,6 +21,7 @@ def test_component_and_params_are_documented(name):
     slot = "scorer" if name in SCORERS else "actuator"
     cls = registry.resolve(slot, name).load()
     assert f"`{name}" in text, f"docs/methods.md does not document {name}"
-    section = text[text.index(f"`{name}"):]
+    heading = text.find(f"### `{name}")  # a component's own section, else its first mention (the scorer table)
+    section = text[heading if heading >= 0 else text.index(f"`{name}"):]
     for param in cls.params:
         assert f"`{param}" in section[:3000] or param in section[:3000], f"{name}.{param} undocumented"
