@@ -71,7 +71,7 @@ def test_requires_must_be_available_at_the_scorers_event(toys):
 def test_a_misspelt_choice_gets_a_did_you_mean(toys):
     found = issues(block(mechanism="reweigh"))
     assert found["dataflex.mechanism"] == ("dataflex.mechanism: 'reweigh' is not allowed (allowed: select, reweight, "
-                                           "mix, replay); did you mean 'reweight'?")
+                                           "mix, replay, allocate); did you mean 'reweight'?")
 
 
 def test_resolve_names_the_slots_when_given_a_kind(toys):
