@@ -92,7 +92,9 @@ def examples() -> None:
     shutil.copyfile(out / "compare.json", RESULTS / "examples_5seeds.json")
     shutil.copyfile(out / "compare.png", RESULTS / "examples_5seeds.png")
     replace_between(EXAMPLES, TABLE_MARKERS, (out / "table.md").read_text())
-    report = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "greso_report.py"), str(out), "--versus",
+    # the relative path, so the report names the runs as the docs' commands do, not this checkout's location
+    report = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "greso_report.py"),
+                             option(words, "--out", "runs/compare"), "--versus",
                              "dynamic_sampling", "--baseline", "grpo_baseline"], cwd=ROOT, check=True,
                             capture_output=True, text=True)
     (RESULTS / "generation_cost.txt").write_text(report.stdout)
