@@ -20,6 +20,8 @@ COMMANDS = {
     "doctor": "dataflex_bus.verl.doctor:cmd_doctor",
     "new-plugin": "dataflex_bus.template:cmd_new_plugin",
 }
+#: ``dataflex doctor --host NAME``: each host's checks (verl's is the default, the ``doctor`` entry above).
+DOCTORS = {"verl": COMMANDS["doctor"], "trl": "dataflex_bus.trl.doctor:cmd_doctor"}
 #: Commands that log (configuring costs a structlog import, which ``dataflex plugins`` must not pay).
 LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
@@ -86,11 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "are reused")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (each run is still named)")
 
-    p = sub.add_parser("doctor", help="check the verl integration: version, trainer mode, plugins")
+    p = sub.add_parser("doctor", help="check a host integration (verl, or TRL with --host trl): versions, the "
+                                      "trainer, plugins")
+    p.add_argument("--host", choices=sorted(DOCTORS), default="verl", help="the host to check (default: verl)")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("--config", metavar="FILE",
+                   help="--host trl: a YAML file with a `dataflex:` block and optional `grpo:` GRPOConfig fields")
     p.add_argument("overrides", nargs="*",
-                   help="your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...): doctor "
-                        "then also checks the dataflex block against the trainer that config runs")
+                   help="verl: your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...); trl: "
+                        "dataflex.KEY=VALUE and grpo.FIELD=VALUE. Doctor then also checks the dataflex block against "
+                        "the trainer that config runs")
 
     p = sub.add_parser("new-plugin", help="create a method pack from the template")
     p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")
@@ -114,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .logs import configure
 
         configure(json=True if args.log_json else None)
-    module_name, _, func = COMMANDS[args.command].partition(":")
+    target = DOCTORS[args.host] if args.command == "doctor" else COMMANDS[args.command]
+    module_name, _, func = target.partition(":")
     handler = getattr(import_module(module_name), func)
     from .errors import DataflexError
 

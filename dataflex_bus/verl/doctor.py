@@ -19,7 +19,6 @@ optional engines not installed): they say nothing about the integration.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import warnings
@@ -27,22 +26,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
+from ..doctor import FAIL, OK, WARN, in_range, plugin_checks, report, version
 from . import TESTED_VERL, TRAINER_MODES
-
-OK, WARN, FAIL = "ok", "warn", "FAIL"
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _in_range(version: str, low: str, high: str) -> bool:
-    from packaging.version import Version
-
-    return Version(low) <= Version(version) < Version(high)
 
 
 def compose_main_ppo(overrides: Sequence[str]) -> Any:
@@ -99,17 +84,17 @@ def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
     def add(check: str, status: str, detail: str) -> None:
         checks.append({"check": check, "status": status, "detail": detail})
 
-    verl_version = _version("verl")
+    verl_version = version("verl")
     if verl_version is None:
         add("verl", FAIL, 'verl is not installed: pip install "dataflex-bus[verl]"')
         return checks
-    tested = _in_range(verl_version, *TESTED_VERL)
+    tested = in_range(verl_version, *TESTED_VERL)
     add("verl", OK if tested else FAIL,
         f"verl {verl_version}" + ("" if tested else f" is outside the tested range [{TESTED_VERL[0]}, "
                                   f"{TESTED_VERL[1]}): the adapter overrides private verl methods"))
     for dist in ("TransferQueue", "ray"):
-        version = _version(dist)
-        add(dist, OK if version else FAIL, f"{dist} {version}" if version else
+        found = version(dist)
+        add(dist, OK if found else FAIL, f"{dist} {found}" if found else
             f"{dist} is not installed (the v1 trainer needs it): pip install \"verl[verl-core]\"")
 
     eps = [ep for ep in metadata.entry_points(group="verl.plugins") if ep.value == "dataflex_bus.verl.entry"]
@@ -148,33 +133,10 @@ def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
         add("trainer mode", OK, ", ".join(f"{mode!r} -> {getattr(cls, '__qualname__', cls)}"
                                           for mode, cls in registered.items()))
 
-    _plugin_checks(add)
+    plugin_checks(add)
     if overrides:
         _block_checks(overrides, add)
     return checks
-
-
-def _plugin_checks(add: Any) -> None:
-    """Every plugin as ``plugins --check`` sees it: each component imported (in a child process, never
-    strict, so every failure is reported rather than the first raised), name collisions flagged."""
-    from ..catalog import checked_report
-
-    report = checked_report()
-    for r in report:
-        pin = f"{r['distribution'] or r['name']}=={r['version'] or 'unknown'}"
-        broken = [f"{c['name']} ({c['kind']}) cannot be used: {c['check']}" for c in r["components"]
-                  if c.get("check") not in (None, "ok")]
-        if r["status"] == "failed" or broken:
-            status = FAIL
-        elif r["status"] == "disabled" or r["warnings"]:
-            status = WARN
-        else:
-            status = OK
-        components = ", ".join(sorted(f"{c['name']} ({c['kind']})" for c in r["components"]))
-        detail = components if r["status"] == "active" else r["error"] or f"by {r['disabled_by']}"
-        add(f"plugin {r['name']}", status, "; ".join([f"{pin} {r['status']}: {detail}", *broken, *r["warnings"]]))
-    if not report:
-        add("plugins", WARN, "no dataflex plugins installed: only in-process components are available")
 
 
 def _quiet_verl_import() -> None:
@@ -188,15 +150,4 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Print the checks; exit status 1 if any failed."""
     _quiet_verl_import()
     checks = run_checks(getattr(args, "overrides", None) or ())
-    if getattr(args, "json", False):
-        print(json.dumps(checks, indent=2))
-    else:
-        width = max(len(c["check"]) for c in checks)
-        for c in checks:
-            print(f"[{c['status']:>4}] {c['check'].ljust(width)}  {c['detail']}")
-    failed = [c["check"] for c in checks if c["status"] == FAIL]
-    warned = [c["check"] for c in checks if c["status"] == WARN]
-    if not getattr(args, "json", False):
-        verdict = "broken: " + ", ".join(failed) if failed else "all checks passed"
-        print(f"dataflex doctor: {verdict}" + (f"; warnings: {', '.join(warned)}" if warned else ""))
-    return 1 if failed else 0
+    return report(checks, as_json=getattr(args, "json", False))

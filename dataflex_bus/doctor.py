@@ -1,0 +1,69 @@
+"""What every host's ``dataflex doctor`` shares: versions, the plugin set and the report.
+
+Each host module has its own checks (``dataflex_bus.verl.doctor``, ``dataflex_bus.trl.doctor``, chosen with
+``dataflex doctor --host``); a check is ``{"check", "status", "detail"}`` with ``status`` one of
+:data:`OK`, :data:`WARN` and :data:`FAIL`, and the command exits 1 when any failed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+Add = Callable[[str, str, str], None]
+
+
+def version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (``None``: not installed)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def in_range(version: str, low: str, high: str) -> bool:
+    from packaging.version import Version
+
+    return Version(low) <= Version(version) < Version(high)
+
+
+def plugin_checks(add: Add) -> None:
+    """Every plugin as ``plugins --check`` sees it: each component imported (in a child process, never
+    strict, so every failure is reported rather than the first raised), name collisions flagged."""
+    from .catalog import checked_report
+
+    report = checked_report()
+    for r in report:
+        pin = f"{r['distribution'] or r['name']}=={r['version'] or 'unknown'}"
+        broken = [f"{c['name']} ({c['kind']}) cannot be used: {c['check']}" for c in r["components"]
+                  if c.get("check") not in (None, "ok")]
+        if r["status"] == "failed" or broken:
+            status = FAIL
+        elif r["status"] == "disabled" or r["warnings"]:
+            status = WARN
+        else:
+            status = OK
+        components = ", ".join(sorted(f"{c['name']} ({c['kind']})" for c in r["components"]))
+        detail = components if r["status"] == "active" else r["error"] or f"by {r['disabled_by']}"
+        add(f"plugin {r['name']}", status, "; ".join([f"{pin} {r['status']}: {detail}", *broken, *r["warnings"]]))
+    if not report:
+        add("plugins", WARN, "no dataflex plugins installed: only in-process components are available")
+
+
+def report(checks: list[dict[str, Any]], *, as_json: bool = False) -> int:
+    """Print the checks (a table, or JSON); the exit status: 1 if any failed."""
+    if as_json:
+        print(json.dumps(checks, indent=2))
+    else:
+        width = max(len(c["check"]) for c in checks)
+        for c in checks:
+            print(f"[{c['status']:>4}] {c['check'].ljust(width)}  {c['detail']}")
+    failed = [c["check"] for c in checks if c["status"] == FAIL]
+    warned = [c["check"] for c in checks if c["status"] == WARN]
+    if not as_json:
+        verdict = "broken: " + ", ".join(failed) if failed else "all checks passed"
+        print(f"dataflex doctor: {verdict}" + (f"; warnings: {', '.join(warned)}" if warned else ""))
+    return 1 if failed else 0

@@ -1,0 +1,86 @@
+"""``dataflex doctor --host trl``: is the TRL integration healthy in this environment?
+
+Checks, in order: TRL's version (and whether it is in the range whose private hook points the adapter
+overrides), transformers, accelerate and datasets, whether :class:`~dataflex_bus.trl.DataflexGRPOTrainer`
+imports, and the dataflex plugin set. Given a block (``--config FILE`` holding a ``dataflex:`` block and,
+optionally, a ``grpo:`` mapping of ``GRPOConfig`` fields, and/or overrides ``dataflex.mechanism=select
+grpo.loss_type=bnpo ...``) it also validates the block against the TRL host's description of those fields
+(TRL's defaults for the rest), exactly as the trainer does at construction. Exits 1 when
+anything is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..doctor import FAIL, OK, WARN, Add, in_range, plugin_checks, report, version
+from . import TESTED_TRL
+
+#: The GRPOConfig fields the TRL host's description reads, at TRL 1.16's defaults.
+TRL_DEFAULTS = {"loss_type": "dapo", "num_generations": 8, "gradient_accumulation_steps": 1, "num_iterations": 1,
+                "beta": 0.0}
+
+
+def _block_checks(config: Mapping[str, Any], add: Add) -> None:
+    from ..errors import ConfigError
+    from ..runtime import Runtime
+    from .host import describe
+
+    # The GRPOConfig fields the description reads, TRL's defaults for those not given (a GRPOConfig itself is
+    # not built: its own checks depend on the machine, e.g. bf16 without a GPU, not on the block).
+    args = {**TRL_DEFAULTS, **dict(config.get("grpo") or {})}
+    add("GRPOConfig", OK, " ".join(f"{k}={args[k]}" for k in TRL_DEFAULTS) + " (TRL's defaults where not given)")
+    block = config.get("dataflex")
+    if not block:
+        add("dataflex block", OK, "none: plain TRL (the kit's metrics are still logged)")
+        return
+    try:
+        runtime = Runtime(block, host=describe(args))
+    except ConfigError as exc:
+        add("dataflex block", FAIL, str(exc))
+        return
+    add("dataflex block", OK, "DataflexGRPOTrainer runs " + "; ".join(runtime.describe()))
+
+
+def run_checks(config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every check as ``{"check", "status", "detail"}`` (``config``: ``{"dataflex": block, "grpo": {...}}``)."""
+    checks: list[dict[str, Any]] = []
+
+    def add(check: str, status: str, detail: str) -> None:
+        checks.append({"check": check, "status": status, "detail": detail})
+
+    trl_version = version("trl")
+    if trl_version is None:
+        add("trl", FAIL, 'trl is not installed: pip install "dataflex-bus[trl]"')
+        return checks
+    tested = in_range(trl_version, *TESTED_TRL)
+    add("trl", OK if tested else FAIL,
+        f"trl {trl_version}" + ("" if tested else f" is outside the tested range [{TESTED_TRL[0]}, {TESTED_TRL[1]}): "
+                                "the adapter overrides private GRPOTrainer methods"))
+    for dist in ("transformers", "accelerate", "datasets"):
+        found = version(dist)
+        add(dist, OK if found else FAIL, f"{dist} {found}" if found else f"{dist} is not installed (trl needs it)")
+    try:
+        from .trainer import DataflexGRPOTrainer
+    except Exception as exc:
+        add("DataflexGRPOTrainer", FAIL, f"the adapter failed to import: {type(exc).__name__}: {exc}")
+        return checks
+    add("DataflexGRPOTrainer", OK, f"{DataflexGRPOTrainer.__module__}.{DataflexGRPOTrainer.__qualname__}")
+    if version("gguf") is None:
+        add("gguf", WARN, "not installed: examples/trl cannot load the SmolLM2 weights (pip install gguf)")
+    plugin_checks(add)
+    if config:
+        _block_checks(config, add)
+    return checks
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Print the checks; exit status 1 if any failed."""
+    from ..config import load_config
+
+    overrides: Sequence[str] = getattr(args, "overrides", None) or ()
+    path = getattr(args, "config", None)
+    config = load_config(path, overrides) if path or overrides else None
+    return report(run_checks(config), as_json=getattr(args, "json", False))

@@ -1,0 +1,105 @@
+"""TRL 1.16's ``GRPOTrainer`` as a host: what :class:`~dataflex_bus.trl.DataflexGRPOTrainer` provides at each
+event and carries out, read from a ``GRPOConfig``.
+
+Import-light (no TRL import): ``dataflex doctor --host trl`` checks a block against a ``GRPOConfig``-like
+object or a plain mapping of its fields. The rules here are TRL's settings under which a method would not do
+what it says: a loss type whose normaliser a removed row was not proven to leave exact, or a generation batch
+that does not span whole optimizer steps (an empty one could not skip its update, a mixer's probabilities
+would apply in the middle of an optimizer step). Each is refused naming the ``GRPOConfig`` field and what to
+set instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigIssue
+from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
+
+if TYPE_CHECKING:
+    from ..block import DataflexConfig
+
+log = logging.getLogger("dataflex_bus")
+
+NAME = "trl"
+#: ``loss_type`` values under which removing a row leaves the update exactly as if it had never been generated
+#: (tests/trl/test_trl_exact.py compares each against plain TRL on a batch that never held the dropped groups).
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+#: TRL's other loss types: their normalisers match the supported ones' (sapo: grpo's; cispo, vespo: dapo's;
+#: luspo: a per-row sum) but the host's exactness is not proven for them, so a block is refused there.
+OTHER_LOSS_TYPES = ("sapo", "cispo", "luspo", "vespo")
+KEY = "GRPOConfig"
+
+ON_ROLLOUT = frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask", "input_ids",
+                        "rm_scores", "uid", "data_source"})
+ON_ADVANTAGE = ON_ROLLOUT | {"old_log_probs", "advantages", "entropy"}
+_MISSING = {
+    "rollout_log_probs": "TRL returns sampling log-probs only from vLLM (use_vllm=True), and this host does not "
+                         "read them",
+    "rollout_is_weights": "TRL applies vLLM's importance-sampling ratio inside its loss; dataflex weights multiply "
+                          "the advantages instead",
+    "returns": "TRL trains GRPO without returns (the advantages are the only target)",
+    "values": "TRL's GRPOTrainer has no critic",
+    "token_level_rewards": "TRL's reward is one scalar per completion (rm_scores on its last token)",
+}
+
+
+def field_of(args: Any, name: str, default: Any = None) -> Any:
+    """``args.name`` of a ``GRPOConfig`` (or a mapping of its fields); ``default`` when absent or ``None``."""
+    value = args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
+    return default if value is None else value
+
+
+def generation_span(args: Any) -> tuple[int, int]:
+    """``(micro-steps per generation batch, gradient_accumulation_steps)``: TRL generates once every
+    ``steps_per_generation * num_iterations`` micro-steps (its ``steps_per_generation`` defaults to the
+    accumulation steps)."""
+    accumulation = int(field_of(args, "gradient_accumulation_steps", 1))
+    spg = int(field_of(args, "steps_per_generation", accumulation))
+    return spg * int(field_of(args, "num_iterations", 1)), accumulation
+
+
+def describe(args: Any, *, processes: int | None = None) -> HostDescription:
+    """The host description of a TRL run configured by ``args`` (a ``GRPOConfig`` or a mapping of its fields) on
+    ``processes`` processes (default: ``args.world_size`` when it has one, else 1)."""
+    advantage = set(ON_ADVANTAGE)
+    missing = dict(_MISSING)
+    if float(field_of(args, "beta", 0.0)) != 0.0:
+        advantage.add("ref_log_prob")
+    else:
+        missing["ref_log_prob"] = "GRPOConfig.beta is 0, so TRL computes no reference log-probs; set beta > 0"
+    if processes is None:
+        processes = int(field_of(args, "world_size", 1)) if not isinstance(args, Mapping) else 1
+    generations = field_of(args, "num_generations")
+    fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
+              "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
+    return HostDescription(NAME, fields=fields, capabilities=frozenset(CAPABILITIES), adv_estimator="grpo",
+                           group_size=int(generations) if generations is not None else None,
+                           loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
+                           check=lambda cfg, key: block_issues(args, cfg, key))
+
+
+def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
+    """TRL settings under which the block's methods would not do what they say."""
+    issues = []
+    loss_type = str(field_of(args, "loss_type", "dapo"))
+    if loss_type not in SUPPORTED_LOSS_TYPES:
+        known = "" if loss_type in OTHER_LOSS_TYPES else " (not a TRL 1.16 loss type)"
+        issues.append(ConfigIssue(
+            f"{KEY}.loss_type", f"{loss_type!r}{known}: the TRL host removes dropped rows from the update and is "
+            f"proven exact only for {', '.join(SUPPORTED_LOSS_TYPES)}", list(SUPPORTED_LOSS_TYPES)))
+    span, accumulation = generation_span(args)
+    if span % accumulation:
+        issues.append(ConfigIssue(
+            f"{KEY}.gradient_accumulation_steps",
+            f"{accumulation} does not divide steps_per_generation x num_iterations = {span}: an optimizer step would "
+            "mix two generation batches, so an empty one could not skip its update and a mixer's probabilities "
+            "would change in the middle of an optimizer step",
+            hint=f"set gradient_accumulation_steps to a divisor of {span} (e.g. leave steps_per_generation unset: "
+                 "it defaults to gradient_accumulation_steps)"))
+    if bool(field_of(args, "use_vllm", False)):
+        log.warning("dataflex: the TRL host is tested with transformers' generation; with use_vllm=True every "
+                    "generation round is one vLLM call, untested")
+    return issues

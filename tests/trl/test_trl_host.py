@@ -1,0 +1,73 @@
+"""The TRL host's description and its rules, checked without TRL (the description is import-light)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataflex_bus.config import load_config
+from dataflex_bus.errors import ConfigError
+from dataflex_bus.trl.host import OTHER_LOSS_TYPES, SUPPORTED_LOSS_TYPES, describe
+from dataflex_bus.validation import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK_START = {"mechanism": "select", "scorer": {"name": "group_solve_rate", "params": {"success_threshold": 0.5}},
+               "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}, "warmup_step": 0}
+ARGS = {"num_generations": 8, "loss_type": "dapo", "gradient_accumulation_steps": 1, "steps_per_generation": 1}
+
+
+def test_the_description_is_trl_s_batch():
+    host = describe(ARGS)
+    assert (host.name, host.adv_estimator, host.group_size, host.loss_agg, host.processes) == (
+        "trl", "grpo", 8, "dapo", 1)
+    assert {"prompts", "responses", "response_mask", "loss_mask", "rm_scores"} <= host.fields["on_rollout"]
+    assert "rollout_log_probs" not in host.fields["on_rollout"] and "vLLM" in host.why_not("rollout_log_probs")
+    assert {"old_log_probs", "advantages", "entropy"} <= host.fields["on_advantage"]
+    assert "ref_log_prob" not in host.fields["on_advantage"] and "beta" in host.why_not("ref_log_prob")
+    assert "ref_log_prob" in describe({**ARGS, "beta": 0.04}).fields["on_advantage"]
+    assert {"values", "returns", "rollout_is_weights"}.isdisjoint(host.fields["on_advantage"])
+    assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights"}
+
+
+def test_the_seed_quick_start_and_the_stack_example_validate_unchanged():
+    host = describe(ARGS)
+    assert validate(QUICK_START, host=host).methods[0].resolved.event == "on_rollout"
+    stack = load_config(ROOT / "examples" / "stack_dapo_dump_ar.yaml")["dataflex"]
+    assert [m.name for m in validate(stack, host=host).methods] == ["filter", "curriculum", "ar"]
+
+
+@pytest.mark.parametrize("loss_type", [*OTHER_LOSS_TYPES, "made_up"])
+def test_a_loss_type_without_proven_exact_drops_is_refused_by_name(loss_type):
+    with pytest.raises(ConfigError) as err:
+        validate(QUICK_START, host=describe({**ARGS, "loss_type": loss_type}))
+    message = str(err.value)
+    assert "GRPOConfig.loss_type" in message and repr(loss_type) in message
+    assert all(t in message for t in SUPPORTED_LOSS_TYPES)
+
+
+def test_an_optimizer_step_spanning_two_generation_batches_is_refused():
+    with pytest.raises(ConfigError) as err:
+        validate(QUICK_START, host=describe({**ARGS, "gradient_accumulation_steps": 4, "steps_per_generation": 2}))
+    assert "GRPOConfig.gradient_accumulation_steps" in str(err.value)
+    # A generation batch of whole optimizer steps is fine (steps_per_generation defaults to the accumulation).
+    validate(QUICK_START, host=describe({**ARGS, "gradient_accumulation_steps": 2, "steps_per_generation": 4}))
+    validate(QUICK_START, host=describe({"num_generations": 4, "gradient_accumulation_steps": 4}))
+
+
+def test_a_field_trl_lacks_is_refused_naming_the_host():
+    block = {"mechanism": "reweight", "scorer": {"name": "token_prob"}, "actuator": {"name": "advantage_reweight"}}
+    validate(block, host=describe(ARGS))  # old log-probs: TRL's, or one no-grad pass of the host's
+    with pytest.raises(ConfigError) as err:
+        validate({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+                  "actuator": {"name": "threshold_band", "params": {"low": 0.1, "high": 0.9}}},
+                 host=describe({**ARGS, "num_generations": 1}))
+    assert "host 'trl'" in str(err.value)
+
+
+def test_importing_the_package_imports_no_trl():
+    code = ("import sys, dataflex_bus, dataflex_bus.trl, dataflex_bus.trl.host, dataflex_bus.trl.doctor; "
+            "assert 'trl' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
