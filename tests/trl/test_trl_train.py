@@ -1,0 +1,148 @@
+"""DataflexGRPOTrainer over whole runs: plain TRL when there is no block, refill, domain sampling, the method
+packs and examples unchanged, and checkpoints (k steps + resume + k steps == 2k steps)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+import trl_tiny as T
+
+from dataflex_bus.trl import DataflexGRPOTrainer
+
+pytestmark = pytest.mark.trl
+
+ROOT = Path(__file__).resolve().parents[2]
+MIXED, FLAT = T.prompts()
+DAPO = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}}
+QUICK_START = {"mechanism": "select", "scorer": {"name": "group_solve_rate", "params": {"success_threshold": 0.5}},
+               "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}, "warmup_step": 0}
+
+
+def with_domains(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows labelled by the parity of their first operand (a ``data_source`` column for the mixers)."""
+    return [{**r, "data_source": "even" if int(r["prompt"][0]) % 2 == 0 else "odd"} for r in rows]
+
+
+def test_no_block_trains_bit_identically_to_plain_trl():
+    """Real sampling (no scripted completions), the same seed and initial weights; the old-log-prob pass is
+    TRL's (ga < spg). The kit still counts and logs."""
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    kw = dict(rows=rows, scripted=False, rows_per_gen=8, spg=2, ga=1, steps=4, width=4, reward_funcs=[T.length])
+    a = T.train(DataflexGRPOTrainer, **kw)
+    b = T.train(**kw)
+    assert T.compare(a, b) == 0.0 and a["losses"] == b["losses"]
+    assert any(float(g.abs().max()) > 0 for g in b["grads"][0].values())
+    assert a["logs"][-1]["compute/generated_rollouts"] == 16
+
+
+class Recording(DataflexGRPOTrainer):
+    """Remembers the prompts of the groups each generation batch trained, in training order."""
+
+    def _dfx_replay(self, rounds, kept):
+        self.trained_prompts = [*getattr(self, "trained_prompts", []),
+                                *[rounds[a].inputs[b]["prompt"] for a, b in kept.refs][::T.G]]
+        return super()._dfx_replay(rounds, kept)
+
+
+def test_refill_trains_full_batches_of_kept_groups_exactly():
+    """Dynamic sampling: rounds of TRL's generation until 4 groups are kept; the update equals plain TRL on a
+    dataset of exactly the groups trained, and every generated rollout is counted."""
+    rows = [r for pair in zip(FLAT[:8], MIXED[:8]) for r in pair]
+    block = {**DAPO, "refill": {"policy": "fixed", "max_rounds": 10}}
+    a = T.train(Recording, rows=rows, rows_per_gen=16, spg=2, ga=1, loss_type="bnpo", steps=4,
+                trainer_kwargs={"dataflex": block})
+    metrics = a["trainer"].dataflex_metrics
+    assert [m["dataflex/refill/trained_groups"] for m in metrics] == [4.0, 4.0]
+    assert all(m["dataflex/refill/rounds"] >= 2 for m in metrics)
+    assert metrics[-1]["compute/generated_rollouts"] == 4 * sum(m["dataflex/refill/generated_groups"] for m in metrics)
+    answers = {r["prompt"]: r for r in rows}
+    b = T.train(rows=[answers[p] for p in a["trainer"].trained_prompts], rows_per_gen=16, spg=2, ga=1,
+                loss_type="bnpo", steps=4)
+    assert T.compare(a, b) == 0.0
+
+
+def test_the_sampler_follows_the_published_domain_probabilities():
+    rows = with_domains(MIXED[:8] + FLAT[:8])
+    block = {"mechanism": "mix", "scorer": {"name": "advantage_magnitude"},
+             "actuator": {"name": "static", "params": {"proportions": {"even": 1.0, "odd": 0.0}}}}
+    a = T.train(Recording, rows=rows, rows_per_gen=8, steps=3, trainer_kwargs={"dataflex": block})
+    first, *later = a["trainer"].dataflex_metrics
+    assert first["dataflex/sample_prob/even"] == 0.5 and first["dataflex/domain_prob/even"] == 1.0
+    for m in later:  # published at the end of a generation batch, drawn by from the next one on
+        assert m["dataflex/sample_prob/even"] == 1.0
+        assert m["dataflex/rollout/rows/even"] == 8 and "dataflex/rollout/rows/odd" not in m
+
+
+def test_the_seed_quick_start_and_the_stack_example_run_unchanged():
+    rows = with_domains(T.interleave(MIXED[:8], FLAT[:8], 2, 2))
+    a = T.train(DataflexGRPOTrainer, rows=rows, rows_per_gen=16, steps=2, trainer_kwargs={"dataflex": QUICK_START})
+    assert all(m["dataflex/removed_rows"] == 8 for m in a["trainer"].dataflex_metrics)
+    stack = T.train(DataflexGRPOTrainer, rows=rows, rows_per_gen=16, steps=2,
+                    trainer_kwargs={"dataflex": str(ROOT / "examples" / "stack_dapo_dump_ar.yaml")})
+    m = stack["trainer"].dataflex_metrics[-1]
+    assert m["dataflex/filter/kept_fraction"] == 0.5
+    assert m["dataflex/ar/weight_std"] > 0 and {"dataflex/curriculum/domain_prob/even",
+                                                "dataflex/curriculum/domain_prob/odd"} <= set(m)
+    logged = stack["logs"][-1]
+    assert logged["dataflex/ar/weight_mean"] == m["dataflex/ar/weight_mean"]
+
+
+def test_the_gfpo_pack_runs_in_trl(register):
+    """contrib/dataflex-gfpo: the k shortest of each group kept, advantages recomputed over them."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "contrib" / "dataflex-gfpo" / "src"))
+    register("selector", "gfpo", "dataflex_gfpo.selector:GFPO")
+    block = {"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+             "actuator": {"name": "gfpo", "params": {"metric": "length", "k": 2}}}
+    a = T.train(DataflexGRPOTrainer, rows=MIXED[:8], rows_per_gen=16, steps=2, trainer_kwargs={"dataflex": block})
+    for m in a["trainer"].dataflex_metrics:
+        assert m["dataflex/trained/rows"] == 8 and m["dataflex/trained/groups"] == 4
+
+
+STACK = str(ROOT / "examples" / "stack_dapo_dump_ar.yaml")
+GRESO = {"methods": [
+    {"name": "greso", "mechanism": "select", "scorer": {"name": "zero_variance_streak"},
+     "actuator": {"name": "greso", "params": {"p_easy_init": 0.5, "p_hard_init": 0.5, "adapt_from_epoch": 0}}},
+    {"name": "dapo", **DAPO}]}
+
+
+def _comparable(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The logged metrics that a resumed run must reproduce (wall times excluded)."""
+    return [{k: v for k, v in h.items() if "time" not in k and "per_second" not in k} for h in logs]
+
+
+@pytest.mark.parametrize("block", [STACK, GRESO], ids=["stack", "greso"])
+def test_k_steps_then_resume_then_k_steps_is_2k_steps(tmp_path, block):
+    """The plugin state (methods, prompt history, the prompt stream, the kit's counters) rides in TRL's
+    checkpoint folder and is restored by resume_from_checkpoint."""
+    rows = with_domains(T.interleave(MIXED[:12], FLAT[:12], 2, 2))
+    kw = dict(rows=rows, rows_per_gen=16, steps=4, save_strategy="steps", save_steps=2,
+              trainer_kwargs={"dataflex": block})
+    whole = T.train(DataflexGRPOTrainer, out=str(tmp_path / "whole"), **kw)
+    checkpoint = tmp_path / "whole" / "checkpoint-2"
+    assert (checkpoint / "dataflex_state.pt").is_file()
+    resumed = T.train(DataflexGRPOTrainer, out=str(tmp_path / "resumed"), resume=str(checkpoint), **kw)
+    # The resumed run's log holds the checkpoint's history (steps 1-2) and its own steps 3-4.
+    assert [h["step"] for h in resumed["logs"]] == [1, 2, 3, 4]
+    assert _comparable(resumed["logs"]) == _comparable(whole["logs"])
+    assert all(torch.equal(whole["params"][n], p) for n, p in resumed["params"].items())
+
+
+def test_a_checkpoint_without_dataflex_state_resumes_fresh_with_a_warning(tmp_path, dataflex_log):
+    rows = T.interleave(MIXED[:4], FLAT[:4], 2, 2)
+    T.train(rows=rows, rows_per_gen=16, steps=2, save_strategy="steps", save_steps=1, out=str(tmp_path / "plain"))
+    resumed = T.train(DataflexGRPOTrainer, rows=rows, rows_per_gen=16, steps=2, resume=str(tmp_path / "plain" /
+                      "checkpoint-1"), trainer_kwargs={"dataflex": DAPO})
+    assert resumed["trainer"]._dfx_generations == 2
+    assert any("holds no dataflex_state.pt" in r.getMessage() for r in dataflex_log.records
+               if r.levelno == logging.WARNING)
+    assert os.path.isdir(tmp_path / "plain" / "checkpoint-1")
