@@ -13,15 +13,21 @@ import pytest
 # The verl driver builds on the verl tier's harness.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verl"))
 
+#: TRL's GRPO advantage divides by the group std + 1e-4 (hard-coded in TRL), the shim's and verl's by std + 1e-6:
+#: advantages and what derives from them (weights, a mixer's statistics) agree to about 2e-4 relative.
+TRL_REL = 1e-3
+
 
 @dataclass
 class Host:
     """A host under contract: ``run(block, world, batch=, steps=, tmp_path=)`` -> step records,
-    ``description()``, and ``lacking()``: ``(capability, description)`` of configurations lacking one."""
+    ``description()``, and ``lacking()``: ``(capability, description)`` of configurations lacking one; ``rel``:
+    the relative tolerance of its advantage-derived values against the shim's (0: the suite's absolute ones)."""
 
     name: str
     module: Any
     lacks: Any
+    rel: float = 0.0
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         return self.module.run(*args, **kwargs)
@@ -53,7 +59,13 @@ def _verl() -> Host:
     ])
 
 
-HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq])}
+def _trl() -> Host:
+    import trl_host
+
+    return Host("trl", trl_host, lambda: [], rel=TRL_REL)
+
+
+HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq]), "trl": (_trl, [pytest.mark.trl])}
 
 
 @pytest.fixture(params=[pytest.param(name, marks=marks, id=name) for name, (_, marks) in HOSTS.items()])
@@ -64,4 +76,6 @@ def host(request) -> Host:
             pytest.skip("verl is not installed")
         request.getfixturevalue("clean_partition")
         import verl_components  # noqa: F401  (the verl tier's in-process components)
+    if name == "trl" and importlib.util.find_spec("trl") is None:
+        pytest.skip("trl is not installed")
     return HOSTS[name][0]()

@@ -14,6 +14,7 @@ parameter in ``conftest.py``.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.hosts
 
 A_COPY = 0.866025  # rewards [1, 0, 1, 0]: (r - 0.5) / (std 0.57735 + 1e-6)
 A_SORT_RIGHT, A_SORT_WRONG = 1.5, -0.5  # [1, 0, 0, 0]: mean 0.25, std 0.5
+#: Relative tolerance of advantage-derived values on the host under test (``Host.rel``, set per test; the shim
+#: and verl divide by std + 1e-6, TRL by std + 1e-4).
+REL = 0.0
 
 
 @dataclass
@@ -52,7 +56,8 @@ def trained_domains(record: StepRecord) -> dict[str, int]:
 def _plain(records: list[StepRecord]) -> None:
     (r,) = records
     assert trained_domains(r) == {"copy": 8, "sort": 8, "reverse": 8} and not r.skipped
-    assert {round(abs(x.advantages[0]), 4) for k, x in r.trained.items() if k[0] == "copy"} == {round(A_COPY, 4)}
+    assert all(abs(x.advantages[0]) == pytest.approx(A_COPY, abs=1e-4, rel=REL) for k, x in r.trained.items()
+               if k[0] == "copy")
     assert all(x.weights is None for x in r.trained.values())
     m = r.metrics
     assert m["dataflex/rollout/rows"] == 24 and m["dataflex/rollout/zero_signal_groups"] == pytest.approx(2 / 6)
@@ -75,7 +80,8 @@ def _topk(records: list[StepRecord]) -> None:
     (r,) = records
     # |A|: sort's right answers 1.5 (2 rows), copy 0.866 (8): exactly the top 10, no tie at the cut
     assert trained_domains(r) == {"copy": 8, "sort": 2}
-    assert all(x.advantages[0] == pytest.approx(A_SORT_RIGHT, abs=1e-4) for k, x in r.trained.items() if k[0] == "sort")
+    assert all(x.advantages[0] == pytest.approx(A_SORT_RIGHT, abs=1e-4, rel=REL) for k, x in r.trained.items()
+               if k[0] == "sort")
 
 
 def _subset(records: list[StepRecord]) -> None:
@@ -284,7 +290,8 @@ def reference(tmp_path_factory) -> Callable[[str], list[StepRecord]]:
     return get
 
 
-def assert_same(records: list[StepRecord], reference: list[StepRecord], host: str, is_cap: float | None = None) -> None:
+def assert_same(records: list[StepRecord], reference: list[StepRecord], host: str, is_cap: float | None = None,
+                rel: float = 0.0) -> None:
     assert len(records) == len(reference)
     for i, (got, want) in enumerate(zip(records, reference)):
         where = f"{host}, step {i}"
@@ -293,7 +300,7 @@ def assert_same(records: list[StepRecord], reference: list[StepRecord], host: st
         for key, row in want.trained.items():
             mine = got.trained[key]
             assert mine.tokens == row.tokens, (where, key)
-            assert mine.advantages == pytest.approx(row.advantages, abs=1e-4), (where, key, "advantages")
+            assert mine.advantages == pytest.approx(row.advantages, abs=1e-4, rel=rel), (where, key, "advantages")
             if mine.mu is not None and row.mu is not None:
                 assert mine.mu == pytest.approx(row.mu, abs=1e-5), (where, key, "behaviour log-probs")
             assert (mine.weights is None) == (row.weights is None), (where, key, "weights")
@@ -303,18 +310,18 @@ def assert_same(records: list[StepRecord], reference: list[StepRecord], host: st
                     truncated = [min(math.exp(o - m), is_cap) for o, m in zip(r.old, r.mu)]
                     assert r.weights == pytest.approx(truncated, rel=1e-3), (where, key, "weights")
             elif row.weights is not None:
-                assert mine.weights == pytest.approx(row.weights, abs=1e-4), (where, key, "weights")
+                assert mine.weights == pytest.approx(row.weights, abs=1e-4, rel=rel), (where, key, "weights")
         assert sorted(got.metrics) == sorted(want.metrics), (where, set(got.metrics) ^ set(want.metrics))
         for name, value in want.metrics.items():
-            assert got.metrics[name] == pytest.approx(value, abs=1e-5), (where, name)
+            assert got.metrics[name] == pytest.approx(value, abs=1e-5, rel=rel), (where, name)
         if want.domain_probs is None:
             assert got.domain_probs is None, where
         else:
-            assert got.domain_probs == pytest.approx(want.domain_probs), where
+            assert got.domain_probs == pytest.approx(want.domain_probs, rel=max(rel, 1e-6)), where
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_same_decisions_are_carried_out_the_same_way(host, case, reference, tmp_path):
+def test_the_same_decisions_are_carried_out_the_same_way(host, case, reference, tmp_path, monkeypatch):
     c = CASES[case]
     want = reference(case)
     if host.name == "shim":
@@ -322,8 +329,9 @@ def test_the_same_decisions_are_carried_out_the_same_way(host, case, reference, 
         return
     got = host.run(c.block, c.world, batch=c.batch, steps=c.steps, tmp_path=tmp_path,
                    settings=c.settings.get(host.name, []))
+    monkeypatch.setattr(sys.modules[__name__], "REL", host.rel)
     c.expect(got)
-    assert_same(got, want, host.name, c.is_cap)
+    assert_same(got, want, host.name, c.is_cap, rel=host.rel)
 
 
 def test_a_field_the_host_lacks_is_refused_naming_the_host(host, register):
