@@ -30,6 +30,29 @@ def in_range(version: str, low: str, high: str) -> bool:
     return Version(low) <= Version(version) < Version(high)
 
 
+def new_checks() -> tuple[list[dict[str, Any]], Add]:
+    """An empty list of checks and the ``add(check, status, detail)`` that appends to it."""
+    checks: list[dict[str, Any]] = []
+
+    def add(check: str, status: str, detail: str) -> None:
+        checks.append({"check": check, "status": status, "detail": detail})
+
+    return checks, add
+
+
+def tested_version(add: Add, dist: str, tested: tuple[str, str], install: str, why: str) -> bool:
+    """Check that ``dist`` is installed (else FAIL with ``install``) and in the ``tested`` range ``[low, high)``
+    (else FAIL saying ``why`` the range matters); False when it is not installed."""
+    found = version(dist)
+    if found is None:
+        add(dist, FAIL, f"{dist} is not installed: {install}")
+        return False
+    ok = in_range(found, *tested)
+    add(dist, OK if ok else FAIL,
+        f"{dist} {found}" + ("" if ok else f" is outside the tested range [{tested[0]}, {tested[1]}): {why}"))
+    return True
+
+
 def plugin_checks(add: Add) -> None:
     """Every plugin as ``plugins --check`` sees it: each component imported (in a child process, never
     strict, so every failure is reported rather than the first raised), name collisions flagged."""

@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..doctor import FAIL, OK, WARN, Add, in_range, plugin_checks, report, version
+from ..doctor import FAIL, OK, WARN, Add, new_checks, plugin_checks, report, tested_version, version
 from . import TESTED_TRL
 
 #: The GRPOConfig fields the TRL host's description reads, at TRL 1.16's defaults.
@@ -46,19 +46,10 @@ def _block_checks(config: Mapping[str, Any], add: Add) -> None:
 
 def run_checks(config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every check as ``{"check", "status", "detail"}`` (``config``: ``{"dataflex": block, "grpo": {...}}``)."""
-    checks: list[dict[str, Any]] = []
-
-    def add(check: str, status: str, detail: str) -> None:
-        checks.append({"check": check, "status": status, "detail": detail})
-
-    trl_version = version("trl")
-    if trl_version is None:
-        add("trl", FAIL, 'trl is not installed: pip install "dataflex-bus[trl]"')
+    checks, add = new_checks()
+    if not tested_version(add, "trl", TESTED_TRL, 'pip install "dataflex-bus[trl]"',
+                          "the adapter overrides private GRPOTrainer methods"):
         return checks
-    tested = in_range(trl_version, *TESTED_TRL)
-    add("trl", OK if tested else FAIL,
-        f"trl {trl_version}" + ("" if tested else f" is outside the tested range [{TESTED_TRL[0]}, {TESTED_TRL[1]}): "
-                                "the adapter overrides private GRPOTrainer methods"))
     for dist in ("transformers", "accelerate", "datasets"):
         found = version(dist)
         add(dist, OK if found else FAIL, f"{dist} {found}" if found else f"{dist} is not installed (trl needs it)")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from ..doctor import FAIL, OK, WARN, in_range, plugin_checks, report, version
+from ..doctor import FAIL, OK, WARN, new_checks, plugin_checks, report, tested_version, version
 from . import TESTED_VERL, TRAINER_MODES
 
 
@@ -79,19 +79,10 @@ def _block_checks(overrides: Sequence[str], add: Any) -> None:
 
 def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Every check as ``{"check", "status", "detail"}`` (``overrides``: see the module doc)."""
-    checks: list[dict[str, Any]] = []
-
-    def add(check: str, status: str, detail: str) -> None:
-        checks.append({"check": check, "status": status, "detail": detail})
-
-    verl_version = version("verl")
-    if verl_version is None:
-        add("verl", FAIL, 'verl is not installed: pip install "dataflex-bus[verl]"')
+    checks, add = new_checks()
+    if not tested_version(add, "verl", TESTED_VERL, 'pip install "dataflex-bus[verl]"',
+                          "the adapter overrides private verl methods"):
         return checks
-    tested = in_range(verl_version, *TESTED_VERL)
-    add("verl", OK if tested else FAIL,
-        f"verl {verl_version}" + ("" if tested else f" is outside the tested range [{TESTED_VERL[0]}, "
-                                  f"{TESTED_VERL[1]}): the adapter overrides private verl methods"))
     for dist in ("TransferQueue", "ray"):
         found = version(dist)
         add(dist, OK if found else FAIL, f"{dist} {found}" if found else
