@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,8 +189,8 @@ class DataflexGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.dataflex = runtime if runtime is not None else Runtime(block, host=describe(self.args))
         self.dataflex_kit = StepKit(self.dataflex)
-        #: The kit's metrics of every finished generation batch (what is also logged).
-        self.dataflex_metrics: list[dict[str, float]] = []
+        #: The kit's metrics of the last 10,000 finished generation batches (what is also logged).
+        self.dataflex_metrics: deque[dict[str, float]] = deque(maxlen=10_000)
         self._dfx_setup()
 
     # ------------------------------------------------------------------ set-up
