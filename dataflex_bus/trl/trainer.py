@@ -43,6 +43,7 @@ from torch import Tensor
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 
 from .. import __version__
 from ..batch import Batch
@@ -203,9 +204,8 @@ class DataflexGRPOTrainer(GRPOTrainer):
         if runtime.pipeline is not None and span % accumulation:  # refused by the host check; belt and braces
             raise ConfigError(ConfigIssue("GRPOConfig.gradient_accumulation_steps", "must divide "
                                           "steps_per_generation x num_iterations"))
-        #: Optimizer steps per generation batch.
-        self._dfx_span = span // accumulation if span % accumulation == 0 else 1
-        self._dfx_micro = span
+        #: Optimizer steps and micro-steps per generation batch.
+        self._dfx_span, self._dfx_micro = max(span // accumulation, 1), span
         self._dfx_target = args.generation_batch_size // G
         self._dfx_unit = P // math.gcd(G, P)  # prompts a round is rounded to, so every process gets whole rows
         self._dfx_replays = runtime.drops_rows_at("on_rollout") or runtime.refill is not None
@@ -322,7 +322,9 @@ class DataflexGRPOTrainer(GRPOTrainer):
         per = rows.numel() // self.accelerator.num_processes
         rank = self.accelerator.process_index
         dataset: Any = self.train_dataset
-        return [dict(dataset[int(i)]) for i in rows[rank * per:(rank + 1) * per]], rows
+        read: dict[int, dict[str, Any]] = {}  # each prompt's row read once, copied per rollout (TRL adds to them)
+        mine = [int(i) for i in rows[rank * per:(rank + 1) * per]]
+        return [dict(read[i] if i in read else read.setdefault(i, dict(dataset[i]))) for i in mine], rows
 
     def _dfx_native(self, local: list[dict[str, Any]], rows: Tensor | None) -> tuple[dict[str, Any], RoundData]:
         """TRL's generation batch, untouched; on_rollout is emitted from inside it (``_calculate_rewards``)."""
@@ -483,7 +485,9 @@ class DataflexGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes == 1:
             return local
         parts = gather_object([local])
-        return {k: [x for part in parts for x in part[k]] for k in local}
+        # A column one process lacks (a reward function logging only on some rows) is None on its rows.
+        keys = sorted({k for part in parts for k in part})
+        return {k: [x for part in parts for x in part.get(k, [None] * len(part["completion_ids"]))] for k in keys}
 
     def _dfx_round(self, p: _Pass, inputs: list[dict[str, Any]], rewards: Tensor, *, full: bool) -> RoundData:
         """The round's rows from every process and its on_rollout batch (``full``: everything a replay needs)."""
@@ -509,15 +513,17 @@ class DataflexGRPOTrainer(GRPOTrainer):
                 local[f"logs:{column}"] = values
             self._pending_extra_logs.clear()
         glob = self._dfx_gather(local)
+        rewards = rewards.detach().cpu()
+        batch, loss_tokens = self._dfx_rollout_batch(glob["prompt_ids"], glob["completion_ids"], glob.get("tool_mask"),
+                                                     rewards, glob.get("labels"), p.rows)
         data = RoundData(prompt_ids=glob["prompt_ids"], completion_ids=glob["completion_ids"],
-                         tool_mask=glob.get("tool_mask"), rewards=rewards.detach().cpu(),
-                         labels=glob.get("labels"), batch=None, loss_tokens=None, rows=p.rows)  # type: ignore[arg-type]
+                         tool_mask=glob.get("tool_mask"), rewards=rewards, labels=glob.get("labels"), batch=batch,
+                         loss_tokens=loss_tokens, rows=p.rows)
         if full:
             data.completions, data.inputs, data.logprobs = glob["completions"], glob["inputs"], glob.get("logprobs")
             data.tool_images = glob.get("tool_images")
             data.extra = {n: glob[f"extra:{n}"] if isinstance(v, list) else v for n, v in extra.items()}
             data.pending_logs = {k[5:]: v for k, v in glob.items() if k.startswith("logs:")}
-        data.batch, data.loss_tokens = self._dfx_rollout_batch(data)
         return data
 
     def _dfx_masks(self, completion_ids: Sequence[Sequence[int]], tool_mask: Sequence[Sequence[int]] | None,
@@ -535,25 +541,27 @@ class DataflexGRPOTrainer(GRPOTrainer):
             loss = loss * finished[:, None].to(torch.long)
         return lengths, response, loss
 
-    def _dfx_rollout_batch(self, data: RoundData) -> tuple[Batch, Tensor]:
-        """The round's on_rollout batch (global rows): groups of ``num_generations`` rows, the reward TRL logs
-        (reward functions weighted and summed; every function ``None``: NaN) on the last response token."""
-        R = len(data)
-        width = max(1, max(len(c) for c in data.completion_ids))
-        lengths, response, loss = self._dfx_masks(data.completion_ids, data.tool_mask, width)
-        weights = self.reward_weights.detach().cpu().to(data.rewards.dtype)
-        reward = (data.rewards * weights[None, :]).nansum(dim=1)
-        reward[torch.isnan(data.rewards).all(dim=1)] = float("nan")
+    def _dfx_rollout_batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                           tool_mask: list[list[int]] | None, rewards: Tensor, labels: list[str] | None,
+                           rows: Tensor | None) -> tuple[Batch, Tensor]:
+        """A round's on_rollout batch (every process's rows) and each row's loss-mask tokens: groups of
+        ``num_generations`` rows, the reward TRL logs (reward functions weighted and summed; every function
+        ``None``: NaN) on the last response token."""
+        R = len(completion_ids)
+        width = max(1, max(len(c) for c in completion_ids))
+        lengths, response, loss = self._dfx_masks(completion_ids, tool_mask, width)
+        weights = self.reward_weights.detach().cpu().to(rewards.dtype)
+        reward = (rewards * weights[None, :]).nansum(dim=1)
+        reward[torch.isnan(rewards).all(dim=1)] = float("nan")
         rm = torch.zeros(R, width)
         rm[torch.arange(R), (lengths - 1).clamp_min(0)] = reward.to(torch.float32)
         fields: dict[str, Tensor] = {"response_mask": response, "rm_scores": rm, "loss_mask": loss}
-        fields.update(self._dfx_token_fields(data.prompt_ids, data.completion_ids, response,
-                                             self.dataflex.fields("on_rollout")))
+        fields.update(self._dfx_token_fields(prompt_ids, completion_ids, response, self.dataflex.fields("on_rollout")))
         if self.dataflex.keeps_history:
-            assert data.rows is not None and self._dfx_row_domain is not None
-            fields["prompt_index"] = self.dataflex.prompt_index(self._dfx_row_domain[data.rows], data.rows)
-        batch = Batch.from_tensors(uid=torch.arange(R) // self._dfx_G, domains=data.labels,
-                                   domain_names=self._dfx_domains if data.labels is not None else None, **fields)
+            assert rows is not None and self._dfx_row_domain is not None
+            fields["prompt_index"] = self.dataflex.prompt_index(self._dfx_row_domain[rows], rows)
+        batch = Batch.from_tensors(uid=torch.arange(R) // self._dfx_G, domains=labels,
+                                   domain_names=self._dfx_domains if labels is not None else None, **fields)
         return batch, loss.sum(dim=1)
 
     def _dfx_token_fields(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -640,8 +648,6 @@ class DataflexGRPOTrainer(GRPOTrainer):
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         chunk = max(layout.per_rank // self._dfx_spg, 1)
-        from trl.models.utils import disable_gradient_checkpointing
-
         model: Any = self.model
         checkpointing: Any = self.args.gradient_checkpointing_kwargs
         with torch.no_grad(), disable_gradient_checkpointing(model, checkpointing):

@@ -71,3 +71,24 @@ def test_importing_the_package_imports_no_trl():
     code = ("import sys, dataflex_bus, dataflex_bus.trl, dataflex_bus.trl.host, dataflex_bus.trl.doctor; "
             "assert 'trl' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.trl
+def test_doctor_checks_a_block_against_the_grpo_config(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    import json
+
+    from dataflex_bus import logs
+    from dataflex_bus.cli import main
+
+    monkeypatch.setattr(logs, "configure", lambda **_: None)  # the command's log set-up would outlive capsys
+
+    block = tmp_path / "block.yaml"
+    block.write_text("dataflex:\n  mechanism: select\n  scorer: {name: reward_difficulty}\n  actuator: {name: dapo}\n")
+    assert main(["doctor", "--host", "trl", "--json", "--config", str(block)]) == 0
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["trl"]["status"] == "ok" and checks["DataflexGRPOTrainer"]["status"] == "ok"
+    assert "reward_difficulty+dapo @ on_rollout" in checks["dataflex block"]["detail"]
+    assert main(["doctor", "--host", "trl", "--json", "--config", str(block), "grpo.loss_type=sapo"]) == 1
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["dataflex block"]["status"] == "FAIL" and "GRPOConfig.loss_type" in checks["dataflex block"]["detail"]

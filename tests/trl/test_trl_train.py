@@ -146,3 +146,28 @@ def test_a_checkpoint_without_dataflex_state_resumes_fresh_with_a_warning(tmp_pa
     assert any("holds no dataflex_state.pt" in r.getMessage() for r in dataflex_log.records
                if r.levelno == logging.WARNING)
     assert os.path.isdir(tmp_path / "plain" / "checkpoint-1")
+
+
+def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
+    from datasets import Dataset
+
+    from dataflex_bus.errors import ConfigError
+
+    tok = T.tokenizer()
+    rows = MIXED[:4]
+
+    def build(dataset: Any, **cfg: Any) -> None:
+        DataflexGRPOTrainer(model=T.model(tok), reward_funcs=[T.correct], processing_class=tok, train_dataset=dataset,
+                            args=T.config("/tmp/dataflex-refused", rows_per_gen=8, **cfg), dataflex=DAPO)
+
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.loss_type"):
+        build(Dataset.from_list(rows), loss_type="cispo")
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps"):
+        build(Dataset.from_list(rows), spg=2, ga=4)
+    with pytest.raises(ConfigError, match="train_dataset"):
+        build(Dataset.from_list([{**r, "image": None} for r in rows]))
+    with pytest.raises(ConfigError, match="train_dataset"):
+        DataflexGRPOTrainer(model=T.model(tok), reward_funcs=[T.correct], processing_class=tok,
+                            train_dataset=Dataset.from_list(rows).to_iterable_dataset(),
+                            args=T.config("/tmp/dataflex-refused", rows_per_gen=8, steps=1),
+                            dataflex={**DAPO, "refill": {"max_rounds": 2}})
