@@ -44,6 +44,15 @@ _MISSING = {
     "values": "TRL's GRPOTrainer has no critic",
     "token_level_rewards": "TRL's reward is one scalar per completion (rm_scores on its last token)",
 }
+#: What the TRL host does not carry out, and why (said in the refusal).
+LACKS = {
+    "replay": "TRL's generation batch holds exactly the rows generated for it (its RepeatSampler sizes every "
+              "optimizer step), and the host adds no stored rows to it; replay runs on the shim and verl's "
+              "dataflex_sync",
+    "ragged_groups": "TRL generates num_generations completions for every prompt (its RepeatSampler and "
+                     "advantage grouping assume equal groups); allocation runs on the shim and verl's dataflex_sync",
+}
+CAPABILITIES_TRL = frozenset(CAPABILITIES) - set(LACKS)
 
 
 def field_of(args: Any, name: str, default: Any = None) -> Any:
@@ -65,7 +74,7 @@ def describe(args: Any, *, processes: int | None = None) -> HostDescription:
     """The host description of a TRL run configured by ``args`` (a ``GRPOConfig`` or a mapping of its fields) on
     ``processes`` processes (default: ``args.world_size`` when it has one, else 1)."""
     advantage = set(ON_ADVANTAGE)
-    missing = dict(_MISSING)
+    missing = {**_MISSING, **LACKS}
     if float(field_of(args, "beta", 0.0)) != 0.0:
         advantage.add("ref_log_prob")
     else:
@@ -75,7 +84,7 @@ def describe(args: Any, *, processes: int | None = None) -> HostDescription:
     generations = field_of(args, "num_generations")
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
               "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
-    return HostDescription(NAME, fields=fields, capabilities=frozenset(CAPABILITIES), adv_estimator="grpo",
+    return HostDescription(NAME, fields=fields, capabilities=CAPABILITIES_TRL, adv_estimator="grpo",
                            group_size=int(generations) if generations is not None else None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key))

@@ -28,6 +28,7 @@ Plugin state is saved as ``checkpoint-N/dataflex_state.pt`` and restored by ``re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -609,6 +610,16 @@ class DataflexGRPOTrainer(GRPOTrainer):
                 out["advantages"] = self._dfx_local(action.fields["advantages"], lo, hi, layout, width, 0.0)
             if "rollout_is_weights" in action.fields:
                 out[WEIGHTS] = self._dfx_local(action.fields["rollout_is_weights"], lo, hi, layout, width, 1.0)
+            if "loss_mask" in action.fields:
+                # A token mask taking tokens out of every loss term (or dropped rows, removed below): TRL's
+                # tool_mask is multiplied into the loss mask only, where completion_mask would also cut the
+                # attention. Kept rows' tool_mask x completion_mask is what TRL's loss mask was, minus the masked
+                # tokens, so the loss, its normaliser and the trained-token counts follow the mask.
+                loss_mask = action.fields["loss_mask"].ne(0)
+                out["tool_mask"] = self._dfx_local(loss_mask, lo, hi, layout, width, 1.0).to(
+                    out["completion_mask"].dtype)
+                kept = dataclasses.replace(kept, loss_tokens=loss_mask.sum(dim=1).to(kept.loss_tokens.dtype))
+                self._dfx_num_items(out)
         end = batch if runtime.listens("on_step_end") else None
         if end is not None and action.fields:
             end = end.with_fields(**action.fields)

@@ -9,7 +9,8 @@ raises ``RuntimeError`` naming the real cause. The TaskRunner then fails loudly,
 with the reason instead of "Unknown trainer".
 
 It also installs :mod:`dataflex_bus.verl.guard`, whether the adapter loaded or not: every other verl
-trainer then refuses a ``dataflex`` block instead of training plain GRPO with it.
+trainer then refuses a ``dataflex`` block instead of training plain GRPO with it; and
+:mod:`dataflex_bus.verl.compat`, so that verl runs beside TRL 1.x (the ``trl`` extra).
 """
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ def _register_stand_in(cause: BaseException) -> None:
             register_trainer(mode)(DataflexSyncUnavailable)
 
 
+def _mend_trl_probe() -> None:
+    try:
+        from .compat import install
+
+        install()
+    except Exception:
+        logging.getLogger("dataflex_bus").error(
+            "dataflex: could not narrow verl's TRL probe; with TRL 1.x installed verl's model build may fail "
+            "importing AutoModelForCausalLMWithValueHead.\n%s", traceback.format_exc())
+
+
 def _install_guard() -> None:
     try:
         from .guard import install
@@ -79,3 +91,4 @@ except Exception as exc:
     _register_stand_in(exc)
 
 _install_guard()
+_mend_trl_probe()

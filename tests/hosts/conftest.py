@@ -62,7 +62,8 @@ def _verl() -> Host:
 def _trl() -> Host:
     import trl_host
 
-    return Host("trl", trl_host, lambda: [], rel=TRL_REL)
+    return Host("trl", trl_host, lambda: [("replay", trl_host.description()),
+                                           ("ragged_groups", trl_host.description())], rel=TRL_REL)
 
 
 HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq]), "trl": (_trl, [pytest.mark.trl])}

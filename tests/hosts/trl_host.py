@@ -36,7 +36,7 @@ def _recording_trainer() -> Any:
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             real = inputs.get(REAL)
             keep = {k: v.detach().cpu() for k, v in inputs.items() if k in (
-                "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", WEIGHTS)}
+                "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages", WEIGHTS)}
             keep["real"] = None if real is None else real.detach().cpu()
             self.updates.append((self._dfx_generations - 1, self._dfx_skip, keep))
             return super()._compute_loss(model, inputs)
@@ -132,7 +132,8 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
             ids = inputs["prompt_ids"][i][inputs["prompt_mask"][i].bool()].tolist()
             domain, row = tok.decode(ids).split()
             session = int(tok.convert_ids_to_tokens(int(inputs["completion_ids"][i, 0])))
-            mask = inputs["completion_mask"][i]
+            mask = inputs["completion_mask"][i]  # TRL's loss mask: completion_mask x tool_mask
+            mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"][i]
             adv = inputs["advantages"][i]
             adv = adv.expand(mask.numel()) if adv.dim() == 0 else adv
             add_row(record, domain, int(row), session,

@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 import torch
 import trl_tiny as T
 
-from dataflex_bus import Reweighter, Reweighting, Score, Scorer
+from dataflex_bus import Reweighter, Reweighting, Score, Scorer, Selection, Selector
 from dataflex_bus.trl import DataflexGRPOTrainer
 
 pytestmark = pytest.mark.trl
@@ -157,3 +157,43 @@ def test_weights_multiply_the_policy_gradient_term(register, loss_type):
     (ga,), (gb,) = a["grads"], b["grads"]
     assert all(torch.equal(ga[n], 2 * gb[n]) for n in gb)
     assert a["trainer"].dataflex_metrics[0]["dataflex/weight_mean"] == 2.0
+
+
+class Position(Scorer):
+    """``s[i, t] = t``: a token's position in its response."""
+
+    requires = ("response_mask",)
+    timing = "post_advantage"
+    granularity = "token"
+
+    def score(self, batch, step, **ctx):
+        width = batch["response_mask"].shape[1]
+        return Score(torch.arange(width, dtype=torch.float32).expand(len(batch), -1).contiguous(), "token")
+
+
+class EvenTokens(Selector):
+    """Train the tokens at even positions only, out of every loss term (``mask_kl``): each row keeps its first."""
+
+    selects_tokens = True
+    accepts = ("token",)
+    min_timing = "post_advantage"
+
+    def select(self, batch, score, step):
+        tokens = (score.values.long() % 2 == 0) & batch.token_mask
+        return Selection(keep=tokens.any(dim=1), tokens=tokens, mask_kl=True)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_a_token_mask_out_of_every_term_is_trl_s_own_loss_mask(register, loss_type):
+    """A token selection with ``mask_kl`` trains as plain TRL does with those tokens out of its loss mask
+    (``env_mask``): the policy-gradient, KL and entropy terms and the normaliser all lose them."""
+    register("scorer", "test_position", Position)
+    register("selector", "test_even_tokens", EvenTokens)
+    block = {"mechanism": "select", "scorer": {"name": "test_position"}, "actuator": {"name": "test_even_tokens"}}
+    kw = dict(rows=ROWS_A, rows_per_gen=16, spg=2, ga=2, loss_type=loss_type, steps=1, beta=0.04)
+    a = T.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": block}, **kw)
+    b = T.train(env_mask=lambda ids: [1 - i % 2 for i in range(len(ids))], **kw)
+    c = T.train(**kw)
+    assert T.compare(a, b) == 0.0 and T.compare(a, c) > 0
+    metrics = a["trainer"].dataflex_metrics[0]
+    assert metrics["dataflex/trained/tokens"] == metrics["dataflex/kept_tokens"] < metrics["dataflex/trained/rows"] * 6

@@ -30,6 +30,7 @@ def test_the_description_is_trl_s_batch():
     assert "ref_log_prob" in describe({**ARGS, "beta": 0.04}).fields["on_advantage"]
     assert {"values", "returns", "rollout_is_weights"}.isdisjoint(host.fields["on_advantage"])
     assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights"}
+    assert "RepeatSampler" in host.why_not("replay") and "num_generations" in host.why_not("ragged_groups")
 
 
 def test_the_seed_quick_start_and_the_stack_example_validate_unchanged():

@@ -76,9 +76,11 @@ def completion(prompt: str, answer: str, j: int, width: int) -> str:
     return (text + "abcdefgh"[: (h >> 8) % max(1, width - len(text))])[:width]
 
 
-def rollout(answers: dict[str, str], width: int) -> Callable[..., dict[str, Any]]:
+def rollout(answers: dict[str, str], width: int,
+            env_mask: Callable[[list[int]], list[int]] | None = None) -> Callable[..., dict[str, Any]]:
     """``rollout_func``: the same completions for the same (prompt, sample index), the index counted over
-    the whole generation batch of every process (a group split across processes gets the same samples)."""
+    the whole generation batch of every process (a group split across processes gets the same samples).
+    ``env_mask``: each completion's TRL ``env_mask`` (0: a token out of the loss) from its ids."""
 
     def rollout_func(prompts: Sequence[str], trainer: Any) -> dict[str, Any]:
         from accelerate.utils import gather_object
@@ -100,7 +102,10 @@ def rollout(answers: dict[str, str], width: int) -> Callable[..., dict[str, Any]
             if _hash("eos", p, j % G) % 2 == 0 and len(ids) < width:
                 ids = [*ids, tok.eos_token_id]
             completion_ids.append(ids)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+        out: dict[str, Any] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+        if env_mask is not None:
+            out["env_mask"] = [env_mask(ids) for ids in completion_ids]
+        return out
 
     return rollout_func
 
@@ -167,7 +172,8 @@ def config(out: str, *, rows_per_gen: int, spg: int = 1, ga: int = 1, processes:
 
 def train(cls: type[GRPOTrainer] = GRPOTrainer, *, rows: list[dict[str, Any]], scripted: bool = True,
           reward_funcs: Sequence[Any] | None = None, width: int = 6, trainer_kwargs: dict[str, Any] | None = None,
-          resume: str | None = None, out: str | None = None, **cfg: Any) -> dict[str, Any]:
+          resume: str | None = None, out: str | None = None,
+          env_mask: Callable[[list[int]], list[int]] | None = None, **cfg: Any) -> dict[str, Any]:
     """Train ``cls`` on ``rows``; returns the trainer, gradients, final parameters, logged losses and metrics."""
     tok = tokenizer()
     answers = {r["prompt"]: r["answer"] for r in rows}
@@ -175,7 +181,7 @@ def train(cls: type[GRPOTrainer] = GRPOTrainer, *, rows: list[dict[str, Any]], s
     grads = Grads()
     trainer = cls(model=model(tok), reward_funcs=list(reward_funcs or [correct]), args=args,
                   train_dataset=Dataset.from_list(rows), processing_class=tok,
-                  rollout_func=rollout(answers, width) if scripted else None, callbacks=[grads],
+                  rollout_func=rollout(answers, width, env_mask) if scripted else None, callbacks=[grads],
                   **(trainer_kwargs or {}))
     trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=resume)

@@ -5,6 +5,7 @@ The four probes run in parallel subprocesses (each pays verl's ~5-7 s import onc
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +33,16 @@ PROBE = textwrap.dedent("""
             cls(None)
         except RuntimeError as exc:
             out["raised"] = str(exc)
+    if first == "patch":  # what verl's FSDP worker does to every model it builds
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from verl.models.transformers.monkey_patch import apply_monkey_patch
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+        try:
+            apply_monkey_patch(model)
+            out["model_patch"] = "ok"
+        except ImportError as exc:
+            out["model_patch"] = repr(exc)
     print("PROBE" + json.dumps(out))
 """)
 
@@ -65,6 +76,8 @@ def probes(tmp_path_factory):
         "named": ({"VERL_USE_EXTERNAL_PLUGINS": "DataFlex"}, "verl"),  # verl lower-cases the policy
         "broken": ({"PYTHONPATH": str(shim)}, "verl"),
         "adapter_first": ({}, "adapter"),
+        "patch": ({}, "patch"),
+        "patch_without_plugin": ({"VERL_USE_EXTERNAL_PLUGINS": "none"}, "patch"),
     }
     doctor = [sys.executable, "-m", "dataflex_bus.cli", "doctor", "--json"]
     commands = {name: [sys.executable, str(script), first] for name, (_, first) in cases.items()}
@@ -128,6 +141,16 @@ def test_adapter_imported_before_verl_registers_once(probes):
     out, err = probes["adapter_first"]
     assert out == {"registered": True, "cls": REAL, "entry_loaded": True}
     assert "could not import" not in err and "already registered" not in err
+
+
+def test_verl_builds_its_models_beside_trl_1x(probes):
+    """verl's monkey patch imports TRL's PPO value head whenever TRL is installed; TRL 1.x has none. With the
+    dataflex plugin verl asks for the value head itself (dataflex_bus.verl.compat), and the build goes on."""
+    from dataflex_bus.verl.compat import trl_has_value_head
+
+    assert probes["patch"][0]["model_patch"] == "ok"
+    if importlib.util.find_spec("trl") is not None and not trl_has_value_head():
+        assert "AutoModelForCausalLMWithValueHead" in probes["patch_without_plugin"][0]["model_patch"]
 
 
 def test_broken_install_fails_loudly(probes):
