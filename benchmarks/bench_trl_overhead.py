@@ -8,7 +8,7 @@ update is the same one. Prints, per host configuration, the median step time and
 (goal: <= 1.05x): each host run is paired with a plain run just before it, and the ratio is the median
 over the pairs (a shared machine's load drifts over minutes).
 
-    python benchmarks/bench_trl_overhead.py [--steps 6] [--repeats 2] [--prompts 2] [--generations 8]
+    python benchmarks/bench_trl_overhead.py [--steps 6] [--repeats 2] [--prompts 2] [--generations 8] [--profile]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def scripted(tok: Any, tokens: int) -> Any:
     return rollout_func
 
 
-def step_times(block: dict[str, Any] | None, plain: bool, args: argparse.Namespace) -> list[float]:
+def step_times(block: dict[str, Any] | None, plain: bool, args: argparse.Namespace, profile: Any = None) -> list[float]:
     from arithmetic import addition_reward, problems
     from datasets import Dataset
     from smollm2 import load
@@ -88,8 +88,58 @@ def step_times(block: dict[str, Any] | None, plain: bool, args: argparse.Namespa
                                       rollout_func=scripted(tok, args.tokens), callbacks=[clock])
         trainer = GRPOTrainer(**kwargs) if plain else DataflexGRPOTrainer(**kwargs, dataflex=block)
         trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        if profile is None:
+            trainer.train()
+        else:
+            profile.runcall(trainer.train)
     return clock.times[1:]  # the first step warms up (allocations, first-call caches)
+
+
+#: The framework a host's time is not: a call from dataflex_bus into these leaves the host's time (the optimizer
+#: too: the host wraps its step, to skip an empty generation batch's update).
+FRAMEWORK = tuple(f"{os.sep}site-packages{os.sep}{name}{os.sep}"
+                  for name in ("trl", "transformers", "accelerate", f"torch{os.sep}optim"))
+
+
+GRPO_TRAINER = os.path.join("trl", "trainer", "grpo_trainer.py")
+
+
+def profiled(block: dict[str, Any] | None, plain: bool, args: argparse.Namespace) -> dict[str, float]:
+    """One run's ``train()`` under cProfile: ``own`` the seconds with dataflex_bus's code in charge (every call
+    into dataflex_bus from outside it, less its calls back into TRL, transformers, accelerate or the optimizer;
+    its torch operations count as its own), ``batch`` the seconds in TRL's ``_generate_and_score_completions``
+    (every call: the host runs it once per round and once more on the kept rows), ``total`` all of it.
+    cProfile slows Python more than torch's kernels, so ``own`` is an upper bound; unlike paired wall times
+    these do not drift with the machine's load."""
+    import cProfile
+    import pstats
+
+    def ours(file: str) -> bool:
+        return f"{os.sep}dataflex_bus{os.sep}" in file
+
+    profile = cProfile.Profile()
+    step_times(block, plain, args, profile)
+    stats: Any = pstats.Stats(profile).stats
+    out = {"own": 0.0, "batch": 0.0, "total": sum(tt for (_, _, tt, _, _) in stats.values())}
+    for (file, _, function), (_, _, _, _, callers) in stats.items():
+        for (caller, _, _), (_, _, _, cumulative) in callers.items():
+            if ours(file) and not ours(caller):
+                out["own"] += cumulative
+            elif ours(caller) and any(part in file for part in FRAMEWORK):
+                out["own"] -= cumulative
+            if function == "_generate_and_score_completions" and file.endswith(GRPO_TRAINER):
+                out["batch"] += cumulative
+    return out
+
+
+def print_profiles(args: argparse.Namespace) -> None:
+    plain = profiled(None, True, args)
+    print(f"{'plain TRL':<44} TRL's generation batch {plain['batch']:5.2f} s of train() {plain['total']:6.1f} s")
+    for name, block in CONFIGS.items():
+        run = profiled(block, False, args)
+        added = run["own"] + max(run["batch"] - plain["batch"], 0.0)
+        print(f"{name:<44} TRL's generation batch {run['batch']:5.2f} s of train() {run['total']:6.1f} s, "
+              f"dataflex_bus's own code {run['own']:5.2f} s: the host adds at most {added / run['total']:.2%}")
 
 
 def main() -> None:
@@ -99,8 +149,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16, help="completion tokens per row")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: under cProfile, what the host adds to a run (its own code, TRL's batch method "
+                             "run again on the kept rows)")
     args = parser.parse_args()
     import torch
+
+    if args.profile:
+        print_profiles(args)
+        return
 
     print(f"SmolLM2-135M-Instruct, {args.prompts} prompts x {args.generations} completions x {args.tokens} tokens, "
           f"{torch.get_num_threads()} threads, {args.steps} timed steps x {args.repeats} runs each")
