@@ -9,7 +9,7 @@ the batches skipped on resume).
 Without a mixer the stream walks TRL's own order: the sampler's seeded permutation (``shuffle_dataset``,
 ``seed``), epoch after epoch, so a step that skips nothing trains the prompts plain TRL would have. With a
 mixer each prompt's domain is drawn from the published probabilities and its row from a seeded walk of that
-domain (:class:`~dataflex_bus.verl.sampler.DomainSampler`, the same sampler verl's host uses).
+domain (:class:`~dataflex_bus.sampler.DomainSampler`, the sampler verl's host draws by too).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, ConfigIssue
 from ..history import PromptTable
-from ..verl.sampler import DomainSampler
+from ..sampler import DomainSampler
 
 #: What names a prompt of a TRL dataset: its domain label and its position in the training dataset.
 ID_COLUMN = "dataset row"

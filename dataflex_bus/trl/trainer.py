@@ -228,7 +228,7 @@ class DataflexGRPOTrainer(GRPOTrainer):
             dataset, "column_names") else None
         sampler = None
         if runtime.mixes:
-            from ..verl.sampler import DomainSampler
+            from ..sampler import DomainSampler
 
             sampler = DomainSampler(labels or [], domains=runtime.configured_domains, seed=int(args.seed))
             runtime.set_domains(sampler.domains)

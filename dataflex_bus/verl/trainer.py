@@ -11,7 +11,7 @@ mode is that class on top of verl's own trainer:
   pulled in ``gen_batch_size`` chunks and, when a method selects prompts, put through ``on_prompts`` until
   enough are kept, so only kept prompts reach the agent loop.
 * ``_fetch_one_gen_batch`` -> **mix**: prompts for every generation batch and every refill are drawn by
-  the published domain probabilities (:class:`~dataflex_bus.verl.sampler.DomainSampler`).
+  the published domain probabilities (:class:`~dataflex_bus.sampler.DomainSampler`).
 * ``_balance_batch`` -> **on_rollout** (``Generation.add``): rewards are in TransferQueue, nothing else is
   computed yet. Dropped groups are removed from the batch (``KVBatchMeta.select_keys``) and from TQ
   (``kv_clear``) *before* verl pads the batch, so old-log-prob, reference, critic and actor compute is not
@@ -79,6 +79,7 @@ from .. import __version__
 from ..batch import Batch
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..runtime import Runtime
+from ..sampler import DomainSampler
 from ..steps import Candidates, Step, StepKit
 from .blocks import minibatch_blocks
 from .buffer import DataflexReplayBuffer
@@ -86,7 +87,6 @@ from .guard import DATAFLEX_MODE_FOR
 from .host import describe
 from .prompts import candidate_ids, check_domain_column, dataset_prompt_table
 from .replay import fields_of, generated_fields, payload_of
-from .sampler import DomainSampler
 from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
 log = logging.getLogger("dataflex_bus")

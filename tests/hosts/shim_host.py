@@ -51,7 +51,7 @@ class WorldShim(ShimTrainer):
                                                         column="extra_info.index"))
         self.sampler = None
         if runtime.mixes:
-            from dataflex_bus.verl.sampler import DomainSampler
+            from dataflex_bus.sampler import DomainSampler
 
             self.sampler = DomainSampler(labels, domains=runtime.configured_domains, seed=SEED)
             self.domains = self.sampler.domains

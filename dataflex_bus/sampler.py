@@ -1,10 +1,10 @@
-"""Domain-mixture prompt sampling for the ``mix`` mechanism.
+"""Domain-mixture prompt sampling for the ``mix`` mechanism, for every host that draws its own prompts.
 
-verl draws new prompts in exactly one place, ``_fetch_one_gen_batch`` (the first batch of every step
-and every DAPO/failure refill). The ``dataflex_sync`` trainer replaces the dataloader draw there with
 :class:`DomainSampler`: per-domain pools of dataset row indices, each walked in its own seeded random
 order (reshuffled when exhausted, like epochs), and a seeded draw of how many prompts each domain
-gets from the pipeline's current domain probabilities. All randomness comes from the sampler's own
+gets from the pipeline's current domain probabilities. verl's ``dataflex_sync`` trainer draws by it in
+``_fetch_one_gen_batch`` (the first batch of every step and every refill), TRL's host in its prompt
+stream. All randomness comes from the sampler's own
 generator, so the state (generator, orders, positions) is checkpointed and a resumed run draws exactly
 what an uninterrupted run would.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, ConfigIssue
+from .errors import ConfigError, ConfigIssue
 
 
 class DomainSampler:
