@@ -605,12 +605,13 @@ class DataflexGRPOTrainer(GRPOTrainer):
         skip = skip or action.skip_update
         lo, hi = layout.span(self.accelerator.process_index)
         width = out["completion_ids"].size(1)
+        masked = "loss_mask" in action.fields and not action.skip_update
         if not action.skip_update:
             if "advantages" in action.fields:
                 out["advantages"] = self._dfx_local(action.fields["advantages"], lo, hi, layout, width, 0.0)
             if "rollout_is_weights" in action.fields:
                 out[WEIGHTS] = self._dfx_local(action.fields["rollout_is_weights"], lo, hi, layout, width, 1.0)
-            if "loss_mask" in action.fields:
+            if masked:
                 # A token mask taking tokens out of every loss term (or dropped rows, removed below): TRL's
                 # tool_mask is multiplied into the loss mask only, where completion_mask would also cut the
                 # attention. Kept rows' tool_mask x completion_mask is what TRL's loss mask was, minus the masked
@@ -619,7 +620,6 @@ class DataflexGRPOTrainer(GRPOTrainer):
                 out["tool_mask"] = self._dfx_local(loss_mask, lo, hi, layout, width, 1.0).to(
                     out["completion_mask"].dtype)
                 kept = dataclasses.replace(kept, loss_tokens=loss_mask.sum(dim=1).to(kept.loss_tokens.dtype))
-                self._dfx_num_items(out)
         end = batch if runtime.listens("on_step_end") else None
         if end is not None and action.fields:
             end = end.with_fields(**action.fields)
@@ -629,8 +629,11 @@ class DataflexGRPOTrainer(GRPOTrainer):
                 end = end.select(keep)
             if index.numel() == 0:  # nothing left to train (the shim's batch is empty too)
                 skip = True
-            elif index.numel() < len(kept):
+            elif index.numel() < len(kept):  # (counts num_items_in_batch of the rows left)
                 out, kept, layout = self._dfx_relayout(out, kept, layout, index)
+                masked = False
+        if masked:  # the same rows, fewer tokens in the loss mask: TRL's normaliser counts them again
+            self._dfx_num_items(out)
         if skip:
             step.skipped()
         self._dfx_skip = skip
