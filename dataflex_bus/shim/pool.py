@@ -151,7 +151,7 @@ class TrainingSampler:
                 self.cursor[d] = 0
             at = int(self.cursor[d])
             step = min(k, self.pool - at)
-            taken.append(self.order[d, at: at + step])
+            taken.append(self.order[d, at: at + step].clone())  # the next epoch overwrites the row
             self.cursor[d] += step
             k -= step
         return torch.cat(taken)
