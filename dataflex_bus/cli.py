@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true",
                    help="check the config as `dataflex validate` does; nothing trains")
+    p.add_argument("--regime", metavar="FILE",
+                   help="a training regime (examples/regimes/): its trainer/data keys merged over the config, "
+                        "recorded in run.json")
 
     p = sub.add_parser("compare", help="several configs on the same seeds: paired statistics, table and plot")
     p.add_argument("configs", nargs="+",
@@ -87,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue unfinished runs (an interrupted compare) from their checkpoints; finished runs "
                         "are reused")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (each run is still named)")
+    p.add_argument("--regime", metavar="FILE",
+                   help="a training regime (examples/regimes/) merged over every config input; recorded in each "
+                        "run.json and in compare.json")
 
     p = sub.add_parser("doctor", help="check a host integration (verl, or TRL with --host trl): versions, the "
                                       "trainer, plugins")

@@ -2,6 +2,7 @@
 
     python scripts/regenerate_results.py               # everything (about 15 minutes on 2 cores)
     python scripts/regenerate_results.py --only main   # the README's main job (2 to 4 minutes)
+    python scripts/regenerate_results.py --regimes     # every example, 5 seeds, in every training regime
 
 Each command is read from the document that shows it and run as written, from the repository root, with
 ``--force`` added where it is missing (an earlier comparison is replaced; finished identical runs are
@@ -16,6 +17,16 @@ still reused):
   ``benchmarks/greso_report.py`` writes ``generation_cost.txt``; then the command in
   ``greso_vs_dynamic_sampling.md`` (the same runs, dynamic sampling as the baseline) gives that file's
   table and ``greso_vs_dynamic_sampling.json``.
+
+* ``--regimes`` (alone: it runs nothing else): one ``dataflex compare`` of every example (``grpo_baseline``
+  the baseline, then every other ``examples/*.yaml``, pilot_commit and reinforce_ada included where they
+  exist) on seeds 0-4 in each regime (``default``: no overlay, then each ``examples/regimes/*.yaml`` via
+  ``--regime``), into ``runs/regimes/<regime>``; each regime's table goes to
+  ``docs/results/regime_<regime>.md`` (with the command) and its ``compare.json`` to ``regime_<regime>.json``,
+  and ``scripts/regime_marks.py`` writes the pre-registered hypotheses' marks into
+  ``docs/results/regimes.md`` from those files. ``--regime``, ``--examples``, ``--seeds``, ``--steps``,
+  ``--runs``, ``--results`` and ``--doc`` narrow it (a small trial: two examples, one seed, one regime, a
+  few steps, written outside docs/). About 4 x 18 x 5 runs of 10-40 s each: hours on 2 cores.
 
 Every table names the CPU its runs ran on: runs are bit-identical on one machine, and another CPU gives
 other digits, within the intervals. The README's prose quotes a few of these numbers; read it again after
@@ -105,10 +116,79 @@ def examples() -> None:
     shutil.copyfile(out / "compare.json", RESULTS / "greso_vs_dynamic_sampling.json")
 
 
+REGIMES_DIR = ROOT / "examples" / "regimes"
+REGIME_DOC = RESULTS / "regimes.md"
+REGIME_RESULTS = ("<!-- regimes-results:start -->", "<!-- regimes-results:end -->")
+
+
+def regime_names() -> list[str]:
+    """``default`` (no overlay), then every shipped regime overlay."""
+    return ["default", *sorted(p.stem for p in REGIMES_DIR.glob("*.yaml"))]
+
+
+def example_names() -> list[str]:
+    """The baseline first, then every other example config (new ones such as pilot_commit included)."""
+    others = sorted(p.stem for p in (ROOT / "examples").glob("*.yaml") if p.stem != "grpo_baseline")
+    return ["grpo_baseline", *others]
+
+
+def regime_command(regime: str, examples: list[str], seeds: list[int], steps: int | None, out: Path) -> list[str]:
+    words = ["dataflex", "compare", *(f"examples/{e}.yaml" for e in examples), "--seeds", *map(str, seeds),
+             "--out", str(out), "--no-progress", "--force"]
+    if regime != "default":
+        words += ["--regime", f"examples/regimes/{regime}.yaml"]
+    return words if steps is None else [*words, "--steps", str(steps)]
+
+
+def regimes(args: argparse.Namespace) -> None:
+    names = args.regime or regime_names()
+    unknown = [r for r in names if r not in regime_names()]
+    if unknown:
+        raise SystemExit(f"unknown regime(s) {unknown}; known: {regime_names()}")
+    examples_ = args.examples or example_names()
+    missing = [e for e in examples_ if not (ROOT / "examples" / f"{e}.yaml").exists()]
+    if missing:
+        raise SystemExit(f"no examples/<name>.yaml for {missing}")
+    results, runs = Path(args.results), Path(args.runs)
+    results.mkdir(parents=True, exist_ok=True)
+    dirs: dict[str, Path] = {}
+    lines = []
+    for regime in names:
+        out = runs / regime
+        words = regime_command(regime, examples_, args.seeds, args.steps, out)
+        run(words)
+        dirs[regime] = out if out.is_absolute() else ROOT / out
+        table = (dirs[regime] / "table.md").read_text().strip()
+        shutil.copyfile(dirs[regime] / "compare.json", results / f"regime_{regime}.json")
+        doc = results / f"regime_{regime}.md"
+        doc.write_text(f"# Every example in the {regime} regime\n\n```bash\n{shlex.join(words)}\n```\n\n"
+                       f"{TABLE_MARKERS[0]}\n{table}\n{TABLE_MARKERS[1]}\n")
+        lines.append(f"- `{regime}`: [{doc.name}]({doc.name}) ({len(examples_)} examples, seeds {args.seeds})")
+    doc_path = Path(args.doc)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from regime_marks import fill
+
+    marks = fill(doc_path, dirs)
+    replace_between(doc_path, REGIME_RESULTS, "\n".join(lines))
+    for hid, text in marks.items():
+        print(f"{hid}: {text}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["main", "examples"], help="one of the two (default: both)")
+    parser.add_argument("--regimes", action="store_true", help="the regime runs instead (see the module doc)")
+    parser.add_argument("--regime", action="append", help="--regimes: only this regime (repeatable)")
+    parser.add_argument("--examples", nargs="+", help="--regimes: only these example names")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="--regimes: seeds")
+    parser.add_argument("--steps", type=int, help="--regimes: override every run's steps (a trial)")
+    parser.add_argument("--runs", default="runs/regimes", help="--regimes: where the runs go")
+    parser.add_argument("--results", default=str(RESULTS), help="--regimes: where the tables go")
+    parser.add_argument("--doc", default=str(REGIME_DOC), help="--regimes: the pre-registration to mark")
     args = parser.parse_args()
+    if args.regimes:
+        regimes(args)
+        return
     if args.only in (None, "main"):
         main_job()
     if args.only in (None, "examples"):

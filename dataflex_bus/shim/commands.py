@@ -17,11 +17,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..config import load_config
+from ..config import apply_overrides, load_config
 from ..errors import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt, add_note
 from . import report
 from .config import prepare
 from .files import CHECKPOINT, PLOT, checkpoint_step, claimed_run_dir
+from .regime import load_regime
 from .run import run_training
 
 
@@ -72,7 +73,11 @@ def _checkpoint_note(out: Path) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.force and args.resume:
         raise ConfigError(ConfigIssue("--force/--resume", "choose one: --force starts over, --resume continues"))
-    prepared = prepare(load_config(args.config, args.overrides), steps=args.steps, seed=args.seed)
+    regime = load_regime(args.regime) if getattr(args, "regime", None) else None
+    config = load_config(args.config)
+    # The overlay first, the command line's overrides last: `key=value` still wins over the regime.
+    config = apply_overrides(config if regime is None else regime.apply(config), args.overrides)
+    prepared = prepare(config, steps=args.steps, seed=args.seed)
     if args.dry_run:
         from ..checkconfig import validation_report
 
@@ -84,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with claimed_run_dir(out, resume=args.resume), signals_interrupt():
         try:
             result = run_training(prepared, out=out, resume=args.resume, force=args.force,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, regime=regime)
         except PluginRuntimeError as exc:
             add_note(exc, f"stopped: {_checkpoint_note(out)}")  # printed after the error it explains
             raise

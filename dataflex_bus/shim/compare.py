@@ -30,6 +30,7 @@ from . import report
 from .commands import interruption, signals_interrupt
 from .config import RunConfig, diff, fingerprint, prepare
 from .files import METRICS, RECORD, RunDirError, checkpoint_step, existing_run_files, read_metrics
+from .regime import Regime, load_regime, regime_change
 from .run import run_training
 from .stats import mean_ci, paired_difference
 
@@ -316,7 +317,7 @@ def _held(run_dir: Path, record: Mapping[str, Any], at: int | None) -> str:
     return state + (f", its checkpoint at step {at}" if at is not None else ", no checkpoint")
 
 
-def _todo(i: _Input, seed: int, args: argparse.Namespace) -> _Todo | None:
+def _todo(i: _Input, seed: int, args: argparse.Namespace, regime: Regime | None = None) -> _Todo | None:
     """What to do with one config input's seed (``None``: a finished identical run, read as it is). Refuses,
     naming the directory and the option that would do it, before anything trains."""
     assert i.prepared is not None
@@ -329,6 +330,9 @@ def _todo(i: _Input, seed: int, args: argparse.Namespace) -> _Todo | None:
     at = checkpoint_step(run_dir)
     changed = diff(fingerprint(record.get("config") or {}), fingerprint(resolved))
     if args.resume and not changed:
+        other = regime_change(record.get("regime"), regime) if "config" in record else None
+        if other:
+            raise ConfigError(ConfigIssue("--regime", f"{run_dir}: {other}"))
         if at is None:  # nothing saved yet: a resume would redo those steps too
             return _Todo(i, seed, restart=True)
         steps = resolved["trainer"]["steps"]
@@ -360,7 +364,7 @@ def _interrupted(todo: _Todo, exc: KeyboardInterrupt) -> str:
             "from their checkpoints")
 
 
-def _plan(args: argparse.Namespace, out: Path) -> list[_Input]:
+def _plan(args: argparse.Namespace, out: Path, regime: Regime | None = None) -> list[_Input]:
     inputs: list[_Input] = []
     for item in args.configs:
         path = Path(item)
@@ -378,6 +382,8 @@ def _plan(args: argparse.Namespace, out: Path) -> list[_Input]:
             inputs.append(_Input(label, item, runs))
             continue
         config = load_config(path)
+        if regime is not None:
+            config = regime.apply(config)
         if args.seeds:
             prepared = {seed: prepare(config, steps=args.steps, seed=seed) for seed in args.seeds}
         else:
@@ -410,13 +416,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.budget_reading not in READINGS:
         raise ConfigError(ConfigIssue("--budget-reading", f"unknown reading {args.budget_reading!r}", READINGS))
     # Validate everything first: a typo in the third config must not cost the first two runs.
-    inputs = _plan(args, out)
+    regime = load_regime(args.regime) if getattr(args, "regime", None) else None
+    inputs = _plan(args, out, regime)
     baseline = _baseline(args, inputs)
     earlier = [name for name in COMPARE_FILES if (out / name).exists()]
     if earlier and not args.force:
         raise RunDirError(f"{out} already holds a comparison ({', '.join(earlier)}); use --force to replace it "
                           "(finished runs with the same config are still reused)")
-    todos = [t for i in inputs if i.prepared is not None for seed in i.runs if (t := _todo(i, seed, args))]
+    todos = [t for i in inputs if i.prepared is not None for seed in i.runs
+             if (t := _todo(i, seed, args, regime))]
     # Runs that already exist are checked for the metric and counters before anything trains.
     pending = {(t.input.label, t.seed) for t in todos}
     read = {(i.label, seed): load_curve(run_dir, args.metric)
@@ -431,7 +439,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             assert i.prepared is not None
             try:
                 run_training(i.prepared[seed], out=i.runs[seed], resume=todo.resume, force=todo.restart,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, regime=regime)
             except KeyboardInterrupt as exc:
                 print(_interrupted(todo, exc), file=sys.stderr)
                 return 130
@@ -445,6 +453,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     curves = {i.label: [read.get((i.label, s)) or load_curve(i.runs[s], args.metric) for s in i.runs]
               for i in inputs}
     summary = analyse(curves, baseline=baseline, metric=args.metric, reading=args.budget_reading)
+    if regime is not None:
+        summary["regime"] = regime.record()
     domains: list[str] = []
     for runs in curves.values():
         for c in runs:

@@ -23,6 +23,7 @@ from ..errors import ConfigError, ConfigIssue
 from ..schema import check_section, unknown_key
 from ..validation import validate
 from .host import describe
+from .pool import regime_issues
 from .sections import DATA, MODEL, SECTIONS, TRAINER
 from .sizes import check_memory
 from .split import heldout_issues
@@ -60,6 +61,11 @@ def _resolve_sections(config: Any, issues: list[ConfigIssue]) -> dict[str, Any]:
         if misfit:
             issues.extend(misfit)
             data["heldout"] = DATA["heldout"].default  # as for any bad value: later checks go on sound
+        # A bad data.train_pool already holds its default (0), so the level weights are checked either way.
+        wrong = regime_issues(data["domains"], data["heldout"], data["train_pool"], data["level_weights"])
+        if wrong:
+            issues.extend(wrong)
+            data["train_pool"], data["level_weights"] = DATA["train_pool"].default, {}
     return {"trainer": trainer, "model": model, "data": data,
             "dataflex": copy.deepcopy(block) if block else None}
 

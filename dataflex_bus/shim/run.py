@@ -46,6 +46,7 @@ from .files import (
 from .host import describe
 from .machine import machine_info
 from .progress import Progress
+from .regime import Regime, regime_change
 from .summary import summarize
 from .trainer import ShimTrainer
 
@@ -64,7 +65,7 @@ class RunResult:
 
 def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None, seed: int | None = None,
                  out: str | Path | None = None, resume: bool = False, force: bool = False,
-                 progress: bool = False) -> RunResult:
+                 progress: bool = False, regime: Regime | None = None) -> RunResult:
     """Train the shim's tiny policy with GRPO and the configured dataflex methods (if any).
 
     ``config`` holds ``trainer``/``model``/``data`` sections and an optional ``dataflex`` block (or is
@@ -73,7 +74,9 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
     to disk. With ``out``, per-step metrics go to ``metrics.jsonl``, the run record to ``run.json`` and
     checkpoints (atomic, checksummed) to ``checkpoint.pt``; the directory is locked for the whole run
     (a second run there is refused), an existing run is never overwritten unless ``force``, and
-    ``resume=True`` continues it. Everything is checked before the first step.
+    ``resume=True`` continues it. Everything is checked before the first step. ``regime``: the
+    :class:`~dataflex_bus.shim.regime.Regime` already merged into ``config``, recorded in ``run.json``; a
+    resume under another regime than the run's is refused.
     """
     prepared = prepare(config, steps=steps, seed=seed)
     out_dir = Path(out) if out is not None else None
@@ -83,14 +86,19 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
     # The shim is where plugins are tried: every hook's batch writes are checked (cheap at this size).
     runtime = Runtime(prepared.method, host=describe(resolved), check_writes=True)
     if out_dir is None:
-        return _with_threads(resolved, lambda: _train(resolved, runtime, None, None, progress))
+        return _with_threads(resolved, lambda: _train(resolved, runtime, None, None, progress, regime=regime))
     with claimed_run_dir(out_dir, resume=resume):
         if not resume:
             check_run_dir(out_dir, force=force)
         check_writable(out_dir)
         saved = _read_checkpoint(out_dir, resolved) if resume else None
         previous = _previous_record(out_dir) if resume else None
-        return _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress, previous))
+        if previous is not None and "config" in previous:  # a real record (not one missing at resume)
+            changed = regime_change(previous.get("regime"), regime)
+            if changed:
+                raise ConfigError(ConfigIssue("--regime", changed))
+        return _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress, previous,
+                                                      regime))
 
 
 def _with_threads(resolved: Mapping[str, Any], body: Callable[[], RunResult]) -> RunResult:
@@ -215,14 +223,15 @@ class _RecordWriter:
 
 
 def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, saved: dict[str, Any] | None,
-           progress: bool, previous: dict[str, Any] | None = None) -> RunResult:
+           progress: bool, previous: dict[str, Any] | None = None, regime: Regime | None = None) -> RunResult:
     t = resolved["trainer"]
     provenance = _provenance(runtime)
     # A resumed run takes its weights from the checkpoint: no warm start to redo.
     trainer = ShimTrainer(resolved, runtime, warm_start=saved is None, progress=progress)
     history: list[dict[str, float]] = []
     record: dict[str, Any] = {
-        "config": resolved, "seed": t["seed"], "steps": t["steps"], "domains": trainer.domains,
+        "config": resolved, "regime": None if regime is None else regime.record(), "seed": t["seed"],
+        "steps": t["steps"], "domains": trainer.domains,
         "split": trainer.split.record(), "dataflex": runtime.provenance(), "machine": machine_info(), "sessions": [],
         "events": [],
         "status": "running",

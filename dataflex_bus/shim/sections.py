@@ -42,5 +42,11 @@ DATA: dict[str, Param] = {
                      doc="task names to train on, in the sampler's order"),
     "seed": Param(int, 0, low=0, doc="seed of the train/held-out split"),
     "heldout": Param(int, 600, low=1, doc="held-out prompts per domain (spread over its levels), never trained on"),
+    "train_pool": Param(int, 0, low=0, doc="a fixed pool of N training prompts per domain, drawn once per data.seed "
+                        "and cycled in epochs (a fresh permutation each), data/epoch in the metrics; 0: every "
+                        "prompt drawn afresh from the whole training split"),
+    "level_weights": Param(dict, {}, doc="each named domain's level mix for training prompts, one weight per level "
+                           "(e.g. {reverse: [1, 3]}); a domain not named draws its levels uniformly. The warm "
+                           "start and the held-out prompts keep the uniform mix"),
 }
 SECTIONS = ("trainer", "model", "data", "dataflex")

@@ -37,6 +37,7 @@ from .config import diff, fingerprint
 from .files import CheckpointError
 from .losses import low_var_kl, policy_loss, token_mean
 from .policy import TinyPolicy, generate, token_log_probs, token_log_probs_and_entropy
+from .pool import TrainingSampler
 from .prompt_ids import prompt_table
 from .split import Split
 from .tasks import Prompts, exact_match, vocab_size
@@ -74,6 +75,7 @@ class ShimTrainer:
                      for name in _GENERATORS}
         # Built even without evaluation: a run trains on the same prompts whether or not it evaluates.
         self.split = Split(self.domains, resolved["data"]["seed"], resolved["data"]["heldout"])
+        self.sampler = TrainingSampler(self.split, resolved["data"])
         vocab = vocab_size(len(self.domains))
         self.policy = TinyPolicy(vocab, m["hidden"], m["layers"], self.gens["init"])
         if warm_start and m["pretrain_steps"]:
@@ -98,7 +100,7 @@ class ShimTrainer:
     def _candidates(self, probs: Tensor, n: int) -> Candidates[Prompts]:
         """``n`` prompts drawn by the domain probabilities, with their prompt ids when a method needs them."""
         domains = torch.multinomial(probs, n, replacement=True, generator=self.gens["data"])
-        prompts = self.split.draw(domains, self.gens["data"])
+        prompts = self.sampler.draw(domains, self.gens["data"])
         if not self.runtime.needs_prompt_ids:
             return Candidates(prompts)
         return Candidates(prompts, prompts.domains, self.split.train_rows(prompts))
@@ -239,6 +241,7 @@ class ShimTrainer:
         if every and index > 0 and (self.step % every == 0 or self.step == self.t["steps"]):
             metrics.update(self.evaluate())
         metrics.update(self.compute_metrics())
+        metrics.update(self.sampler.metrics())
         metrics["time/step_s"] = time.perf_counter() - started
         return metrics
 
@@ -306,7 +309,7 @@ class ShimTrainer:
             "reference": None if self.reference is None else self.reference.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": {name: g.get_state() for name, g in self.gens.items()},
-            "sampler": {"next_uid": self.next_uid},
+            "sampler": {"next_uid": self.next_uid, **({"pool": pool} if (pool := self.sampler.state_dict()) else {})},
             "counters": self.kit.state_dict(),
             "runtime": self.runtime.state_dict(),
         }
@@ -338,6 +341,8 @@ class ShimTrainer:
             for name, g in self.gens.items():
                 g.set_state(state["rng"][name])
             self.next_uid = int(state["sampler"]["next_uid"])
+            if self.sampler.pool:
+                self.sampler.load_state_dict(state["sampler"]["pool"])
             self.kit.load_state_dict(state["counters"])
             self.step = int(state["step"])
         except (KeyError, TypeError, RuntimeError, ValueError, AttributeError, IndexError) as exc:

@@ -69,10 +69,16 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
+#: ``data`` keys the base policy does not depend on (see :mod:`~dataflex_bus.shim.pool`).
+RL_ONLY = ("train_pool", "level_weights")
+
+
 def cache_key(resolved: Mapping[str, Any], domains: list[str]) -> str:
     """Everything the base policy depends on, hashed (a file name)."""
+    # The training regime keys shape only the RL run's draws, never the base policy.
+    data = {k: v for k, v in resolved["data"].items() if k not in RL_ONLY}
     parts = {
-        "format": FORMAT, "model": resolved["model"], "data": resolved["data"], "domains": domains,
+        "format": FORMAT, "model": resolved["model"], "data": data, "domains": domains,
         "dataflex_bus": __version__, "code": _code_digest(), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "cpu_capability": cpu_capability(),
     }
