@@ -120,6 +120,11 @@ def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Regist
         if found_issues:
             issues.extend(found_issues)
             return None
+    host_issues = [ConfigIssue(f"{key}.actuator.params.{param}", message)
+                   for param, message in built.get(method, "actuator", a_cls, a_params or {}).check_host(host)]
+    if host_issues:
+        issues.extend(host_issues)
+        return None
     assert s_spec is not None and a_spec is not None and s_params is not None and a_params is not None
     method.resolved = Resolved(s_spec, a_spec, s_params, a_params, mech.event(s_cls, a_cls))
     return s_cls, a_cls

@@ -53,3 +53,22 @@ def test_an_allocations_counts_are_the_rollouts_generated(host, pattern, tmp_pat
     assert m["compute/generated_rollouts"] == sum(counts) == m["dataflex/alloc/rollouts"]
     assert m["dataflex/prompts_generated"] == generated == m["dataflex/alloc/covered"]
     assert m["dataflex/alloc/skipped"] == len(counts) - generated
+
+
+@pytest.mark.parametrize(("block", "key"), [
+    ({"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+      "actuator": {"name": "rollout_replay", "params": {"capacity": 10**10}}}, "capacity"),
+    ({"mechanism": "allocate", "scorer": {"name": "knapsack_rate"},
+      "actuator": {"name": "knapsack", "params": {"budget": 10**9, "max_n": 10**9}}}, "budget"),
+], ids=["replay-capacity", "allocate-budget"])
+def test_an_absurd_size_is_refused_at_validation_on_every_host(host, block, key):
+    from dataflex_bus.errors import ConfigError
+    from dataflex_bus.validation import validate
+
+    description = host.description()
+    capability = "replay" if block["mechanism"] == "replay" else "ragged_groups"
+    if not description.can(capability):
+        pytest.skip(f"host {host.name!r} lacks [{capability!r}] (refused for that first)")
+    with pytest.raises(ConfigError) as err:
+        validate(block, host=description)
+    assert f"dataflex.actuator.params.{key}:" in str(err.value) and "bytes) of memory" in str(err.value)
