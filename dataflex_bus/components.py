@@ -98,6 +98,10 @@ class Component:
         ``doctor`` and every host's validation before anything is allocated."""
         return []
 
+    def host_warnings(self, host: HostDescription) -> list[tuple[str, str]]:
+        """Like :meth:`check_host`, for settings that run but do less than they say: logged, not refused."""
+        return []
+
     @classmethod
     def requires_for(cls, values: Mapping[str, Any]) -> Sequence[str]:
         """The batch fields a component with parameters ``values`` reads: :attr:`requires`, plus what a
@@ -374,8 +378,8 @@ class Replayer(Actuator):
         return ReplaySettings()
 
     def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
-        """The buffer fits this machine (its columns are preallocated) and holds at least one group (under unit
-        ``group``: the groups one step replays), else nothing it stores could ever be replayed."""
+        """The buffer fits this machine (its columns are preallocated) and holds at least one group, else
+        nothing it stores could ever be replayed."""
         from .memory import beyond_memory
         from .replay_store import preallocated_bytes
 
@@ -390,14 +394,21 @@ class Replayer(Actuator):
             issues.append(("capacity", f"capacity={s.capacity} rows holds less than one group of {n} rollouts "
                            f"(host {host.name!r}), so no group is ever stored whole and nothing is replayed; set "
                            f"capacity >= {n}"))
-        elif n is not None and host.prompts_per_step is not None and s.unit == "group":
-            groups = self.replay_groups(int(host.prompts_per_step), int(host.prompts_per_step), 0)
-            if s.capacity < groups * n:
-                issues.append(("capacity", f"capacity={s.capacity} rows holds less than the {groups} groups of {n} "
-                               f"one step replays (unit group, fresh_fraction={s.fresh_fraction} of "
-                               f"{host.prompts_per_step} prompts on host {host.name!r}); set capacity >= "
-                               f"{groups * n}"))
         return issues
+
+    def host_warnings(self, host: HostDescription) -> list[tuple[str, str]]:
+        """Under unit ``group``, a buffer holding fewer rows than one step replays: a step replays at most what it
+        holds and generates the rest fresh, so ``fresh_fraction`` is never reached."""
+        s = self.settings()
+        n, prompts = host.group_size, host.prompts_per_step
+        if n is None or prompts is None or s.unit != "group" or s.capacity < n:
+            return []
+        groups = self.replay_groups(int(prompts), int(prompts), 0)
+        if s.capacity >= groups * n:
+            return []
+        return [("capacity", f"capacity={s.capacity} rows holds {s.capacity // n} of the {groups} groups of {n} "
+                 f"one step replays (unit group, fresh_fraction={s.fresh_fraction} of {prompts} prompts on host "
+                 f"{host.name!r}), so a step generates the rest fresh; set capacity >= {groups * n} for the whole share")]
 
     def store(self, batch: Batch, score: Score, step: int) -> Tensor:
         """Bool ``[B]``: the rows to store (the kit stores only fresh real rows whatever this says)."""

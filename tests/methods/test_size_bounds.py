@@ -56,11 +56,12 @@ def test_a_buffer_smaller_than_a_group_is_refused():
     validate(replay(unit="prompt", capacity=4), host=SHIM_HOST)
 
 
-def test_a_group_buffer_smaller_than_one_steps_replay_is_refused():
+def test_a_group_buffer_smaller_than_one_steps_replay_is_warned_about():
     # fresh_fraction 0.5 of 8 prompts: 4 stored groups of 4 replace fresh ones each step
-    message = refusal(replay(capacity=12), SHIM_HOST)
-    assert "less than the 4 groups of 4 one step replays" in message and "capacity >= 16" in message
-    validate(replay(capacity=16), host=SHIM_HOST)
+    (warning,) = validate(replay(capacity=12), host=SHIM_HOST).warnings
+    assert warning.key == "dataflex.actuator.params.capacity"
+    assert "holds 3 of the 4 groups of 4 one step replays" in warning.message and "capacity >= 16" in warning.message
+    assert not validate(replay(capacity=16), host=SHIM_HOST).warnings
 
 
 @pytest.mark.parametrize(("params", "key", "text"), [

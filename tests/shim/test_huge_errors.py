@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dataflex_bus import Score, Scorer
+from dataflex_bus import Scorer
 from dataflex_bus.cli import main
 from dataflex_bus.errors import MESSAGE_LIMIT, PluginRuntimeError, clip_text
 
