@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -23,8 +23,17 @@ from torch import Tensor
 from .errors import BatchFieldError, ConfigError, ConfigIssue
 from .ops import segment_count
 
-if TYPE_CHECKING:
-    from .history import PromptTable
+
+class StoreTable(Protocol):
+    """What the store needs of the run's prompt table (:class:`dataflex_bus.history.PromptTable`): how many
+    prompts it holds (the ids a row may carry) and its fingerprint, checked again at restore. The store knows
+    no step and no host: it sits with the base types, below the contract that bounds its capacity."""
+
+    def __len__(self) -> int: ...
+
+    def fingerprint(self) -> Any: ...
+
+    def check_saved(self, saved: Any, what: str) -> None: ...
 
 #: The per-row columns of the store, with their dtypes (``mu`` and the payload are ``[C, width]``).
 _COLUMNS: dict[str, torch.dtype] = {"prompt": torch.long, "group": torch.long, "seq": torch.long,
@@ -94,7 +103,7 @@ class ReplayStore:
     groups are evicted first); ``per_prompt``: rows per prompt at most (the oldest rows of a prompt first; 0:
     no bound)."""
 
-    def __init__(self, table: PromptTable, capacity: int, *, per_prompt: int = 0) -> None:
+    def __init__(self, table: StoreTable, capacity: int, *, per_prompt: int = 0) -> None:
         if capacity < 1:
             raise ValueError(f"replay store capacity must be at least 1 row, got {capacity}")
         self.table = table
