@@ -72,3 +72,13 @@ def test_a_selection_keeping_the_first_candidates_of_a_pool_generates_only_those
     (m,) = run_training(tiny(block, **SMALL), steps=1).metrics
     assert m["dataflex/prompts_considered"] == 16 and m["dataflex/prompts_generated"] == 8
     assert m["compute/generated_rollouts"] == 32 == m["dataflex/rollout/rows"]
+
+
+def test_counts_that_do_not_match_the_prompts_are_named():
+    from dataflex_bus.shim.split import Split
+
+    split = Split(["copy", "random"], 0, 40)
+    prompts = split.draw(torch.zeros(3, dtype=torch.long), torch.Generator().manual_seed(1))
+    assert len(prompts.repeat(torch.tensor([2, 0, 4])).domains) == 6
+    with pytest.raises(ValueError, match=r"shim: 2 rollout counts for 3 prompts"):
+        prompts.repeat(torch.tensor([2, 2]))
