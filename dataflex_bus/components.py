@@ -408,7 +408,8 @@ class Replayer(Actuator):
             return []
         return [("capacity", f"capacity={s.capacity} rows holds {s.capacity // n} of the {groups} groups of {n} "
                  f"one step replays (unit group, fresh_fraction={s.fresh_fraction} of {prompts} prompts on host "
-                 f"{host.name!r}), so a step generates the rest fresh; set capacity >= {groups * n} for the whole share")]
+                 f"{host.name!r}), so a step generates the rest fresh; set capacity >= {groups * n} for the whole "
+                 "share")]
 
     def store(self, batch: Batch, score: Score, step: int) -> Tensor:
         """Bool ``[B]``: the rows to store (the kit stores only fresh real rows whatever this says)."""
