@@ -141,12 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _reader_gone()
         return 0 if code is None else code  # the command's own verdict, when it finished
     except DataflexError as exc:
+        from .errors import clip_text, format_traceback
+
         if _debug():
             # The plugin's own frames (file and line), the cause chain first; the one-line error stays last.
-            import traceback
-
-            traceback.print_exception(exc)
-        print(f"dataflex {args.command}: error: {exc}", file=sys.stderr)
+            print(format_traceback(exc), file=sys.stderr, end="")
+        print(f"dataflex {args.command}: error: {clip_text(str(exc))}", file=sys.stderr)
         for note in getattr(exc, "__notes__", ()):  # what the error means for the command's files
             print(f"dataflex {args.command}: {note}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
+    from .host import HostDescription
     from .visits import PromptState, VisitClasses, Visits
 
 #: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
@@ -89,6 +90,16 @@ class Component:
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Cross-parameter checks: return ``[(param, message), ...]`` for each violated rule."""
+        return []
+
+    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
+        """Checks joining the built component's parameters and the host it is validated for (its group size,
+        prompts per step, this machine's memory): ``[(param, message), ...]``, run by ``dataflex validate``,
+        ``doctor`` and every host's validation before anything is allocated."""
+        return []
+
+    def host_warnings(self, host: HostDescription) -> list[tuple[str, str]]:
+        """Like :meth:`check_host`, for settings that run but do less than they say: logged, not refused."""
         return []
 
     @classmethod
@@ -366,6 +377,40 @@ class Replayer(Actuator):
     def settings(self) -> ReplaySettings:
         return ReplaySettings()
 
+    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
+        """The buffer fits this machine (its columns are preallocated) and holds at least one group, else
+        nothing it stores could ever be replayed."""
+        from .memory import beyond_memory
+        from .replay_store import preallocated_bytes
+
+        s = self.settings()
+        issues = super().check_host(host)
+        refusal = beyond_memory(preallocated_bytes(s.capacity), f"capacity={s.capacity:,} stored rows",
+                                "lower capacity")
+        if refusal:
+            return [*issues, ("capacity", refusal)]
+        n = host.group_size
+        if n is not None and s.capacity < n:
+            issues.append(("capacity", f"capacity={s.capacity} rows holds less than one group of {n} rollouts "
+                           f"(host {host.name!r}), so no group is ever stored whole and nothing is replayed; set "
+                           f"capacity >= {n}"))
+        return issues
+
+    def host_warnings(self, host: HostDescription) -> list[tuple[str, str]]:
+        """Under unit ``group``, a buffer holding fewer rows than one step replays: a step replays at most what it
+        holds and generates the rest fresh, so ``fresh_fraction`` is never reached."""
+        s = self.settings()
+        n, prompts = host.group_size, host.prompts_per_step
+        if n is None or prompts is None or s.unit != "group" or s.capacity < n:
+            return []
+        groups = self.replay_groups(int(prompts), int(prompts), 0)
+        if s.capacity >= groups * n:
+            return []
+        return [("capacity", f"capacity={s.capacity} rows holds {s.capacity // n} of the {groups} groups of {n} "
+                 f"one step replays (unit group, fresh_fraction={s.fresh_fraction} of {prompts} prompts on host "
+                 f"{host.name!r}), so a step generates the rest fresh; set capacity >= {groups * n} for the whole "
+                 "share")]
+
     def store(self, batch: Batch, score: Score, step: int) -> Tensor:
         """Bool ``[B]``: the rows to store (the kit stores only fresh real rows whatever this says)."""
         return batch.valid_rows
@@ -456,6 +501,21 @@ class Allocator(Actuator):
             return [("min_n", f"min_n={values['min_n']} allows groups of one rollout, whose GRPO advantage is "
                      "r / (1 + eps), not 0 (verl's singleton rule); use min_n >= 2 or set singletons: true")]
         return []
+
+    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
+        """A ``budget`` (rollouts per step) or ``max_n`` (rollouts of one prompt) this machine cannot hold even
+        at :data:`~dataflex_bus.memory.ROLLOUT_ROW_BYTES` a row is refused before a step tries to generate it."""
+        from .memory import ROLLOUT_ROW_BYTES, beyond_memory
+
+        issues = super().check_host(host)
+        for name, value, what in (("budget", self.budget, "rollouts per step"),
+                                  ("max_n", self.max_n, "rollouts of one prompt")):
+            refusal = None if value is None else beyond_memory(
+                int(value) * ROLLOUT_ROW_BYTES, f"{name}={value:,} {what} (at {ROLLOUT_ROW_BYTES} bytes a row at "
+                "least)", f"lower {name}")
+            if refusal:
+                issues.append((name, refusal))
+        return issues
 
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
         raise NotImplementedError(f"{type(self).__name__}.allocate")

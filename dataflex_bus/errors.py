@@ -9,6 +9,29 @@ class DataflexError(Exception):
     """Base class of every error raised by dataflex-bus."""
 
 
+#: Characters of an error message kept where it is stored or printed (a plugin's message may be megabytes);
+#: a traceback keeps :data:`TRACEBACK_LIMIT`.
+MESSAGE_LIMIT = 8_000
+TRACEBACK_LIMIT = 32_000
+
+
+def clip_text(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` when at most ``limit`` characters, else its head and tail (about half each) around a marker
+    saying how many characters were cut: the start says what failed, the end where."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - head - tail:,} characters cut ...]\n{text[len(text) - tail:]}"
+
+
+def format_traceback(exc: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
+    """``exc``'s formatted traceback (its cause chain first), clipped to ``limit`` characters."""
+    import traceback
+
+    return clip_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), limit)
+
+
 def add_note(exc: BaseException, note: str) -> None:
     """Attach a line the command line prints after the error (PEP 678 notes; also before Python 3.11)."""
     exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
@@ -110,7 +133,7 @@ class PluginRuntimeError(DataflexError, RuntimeError):
         self.plugin = plugin
         self.hook = hook
         self.cause = cause
-        super().__init__(f"plugin {plugin!r} failed in hook {hook!r}: {_type_name(cause)}: {cause}")
+        super().__init__(f"plugin {plugin!r} failed in hook {hook!r}: {_type_name(cause)}: {clip_text(str(cause))}")
 
     def __reduce__(self):
         # Ray pickles the error back to the driver: a cause that cannot make the trip would make the

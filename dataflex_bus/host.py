@@ -89,6 +89,8 @@ class HostDescription:
     exhaust_policies: frozenset[str] | None = None
     adv_estimator: str | None = None
     group_size: int | None = None
+    #: Prompts (groups) a step generates, where the host knows it (bounds a method's sizes at validation).
+    prompts_per_step: int | None = None
     loss_agg: str | None = None
     processes: int = 1
     missing: Mapping[str, str] = field(default_factory=dict)

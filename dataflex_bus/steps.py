@@ -78,16 +78,20 @@ class Candidates(NamedTuple, Generic[T]):
 class Chosen(Generic[T]):
     """The prompts to generate: indices into the concatenation of the draws' ``items``, in draw order, and
     (when a method allocates rollouts) how many rollouts each gets: ``counts``, long, one per index
-    (``None``: the host's group size for every one)."""
+    (``None``: the host's group size for every one); ``drawn``: how many candidates the draws hold together
+    (``None``: unknown, so :attr:`only` never answers for them)."""
 
     draws: list[T]
     index: Tensor
     counts: Tensor | None = None
+    drawn: int | None = None
 
     @property
     def only(self) -> T | None:
-        """The one draw, when exactly one was made and every candidate of it was chosen (nothing to index)."""
-        if len(self.draws) == 1 and bool((self.index == torch.arange(self.index.numel())).all()):
+        """The one draw, when exactly one was made and every candidate of it was chosen, in order (nothing to
+        index). A chosen prefix of the draw (the first ``k`` of more candidates) is not the draw."""
+        k = self.index.numel()
+        if len(self.draws) == 1 and self.drawn == k and bool((self.index == torch.arange(k)).all()):
             return self.draws[0]
         return None
 
@@ -388,12 +392,14 @@ class Step:
             counts.generated += target
             counts.draws += 1
             self.kit.counters.add(considered_prompts=target)
-            return Chosen([got.items], torch.arange(target))
+            return Chosen([got.items], torch.arange(target), drawn=target)
         fill = PromptFill(target, max_oversample=runtime.max_oversample, chunk=chunk, on_empty=runtime.prompt_policy,
                           who="dataflex prompt selection", pool=runtime.candidates_per_prompt)
         drawn: list[T] = []
+        total = 0
         while (n := fill.request()) > 0:
             got = draw(n)
+            total += n
             batch = self._candidates(got, fill.target - fill.kept)
             decision = runtime.emit("on_prompts", batch, self.index)
             self.metrics.update(decision.metrics)
@@ -402,7 +408,7 @@ class Step:
         chosen = fill.chosen()
         counts += fill.counts
         self.kit.counters.add(considered_prompts=fill.counts.considered)
-        return Chosen(drawn, chosen)
+        return Chosen(drawn, chosen, drawn=total)
 
     def budget_fields(self, prompts: int) -> dict[str, Tensor]:
         """The ``budget_*`` fields of a batch from which ``prompts`` more groups are needed: plain GRPO's
@@ -438,7 +444,7 @@ class Step:
         self.prompt_counts += c
         self.kit.counters.add(considered_prompts=target)
         self.allocation.candidates(counts)
-        return Chosen([got.items], index, counts[index])
+        return Chosen([got.items], index, counts[index], drawn=target)
 
     # ------------------------------------------------------------------ generation
     def generation(self, target: int) -> Generation:

@@ -42,6 +42,10 @@ class _Built:
             self._made[key] = cls(**params)
         return self._made[key]
 
+    def made(self, method: MethodConfig, slot: str) -> Any:
+        """The component built for ``method``'s ``slot``, ``None`` when none was."""
+        return self._made.get((id(method), slot))
+
 
 def method_event(mechanism_name: str, scorer_cls: type[Scorer], actuator_cls: type[Actuator]) -> str:
     """The bus event a method acts at, from its mechanism and its components' timings."""
@@ -87,7 +91,11 @@ def validate(
         issues.extend(host.check(cfg, key))
     if issues:
         raise ConfigError(issues)
-    cfg.warnings = _stack_warnings(cfg, classes, key) + _selection_warnings(cfg, key, host.group_size or 8, built)
+    cfg.warnings = (_stack_warnings(cfg, classes, key) + _selection_warnings(cfg, key, host.group_size or 8, built)
+                    + [ConfigIssue(f"{mkey}.actuator.params.{param}", message)
+                       for method, mkey in zip(cfg.methods, method_keys(cfg, key))
+                       if (actuator := built.made(method, "actuator")) is not None
+                       for param, message in actuator.host_warnings(host)])
     return cfg
 
 
@@ -120,6 +128,11 @@ def _validate_method(method: MethodConfig, cfg: DataflexConfig, registry: Regist
         if found_issues:
             issues.extend(found_issues)
             return None
+    host_issues = [ConfigIssue(f"{key}.actuator.params.{param}", message)
+                   for param, message in built.get(method, "actuator", a_cls, a_params or {}).check_host(host)]
+    if host_issues:
+        issues.extend(host_issues)
+        return None
     assert s_spec is not None and a_spec is not None and s_params is not None and a_params is not None
     method.resolved = Resolved(s_spec, a_spec, s_params, a_params, mech.event(s_cls, a_cls))
     return s_cls, a_cls

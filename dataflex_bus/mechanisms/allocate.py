@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from ..components import Actuator, Allocator, Budget, Scorer
+from ..components import Actuator, Allocation, Allocator, Budget, Scorer
 from ..errors import BatchFieldError, ConfigIssue
 from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
 
@@ -84,6 +84,9 @@ class Allocate(Mechanism):
         assert isinstance(actuator, Allocator)
         budget = _budget(view, actuator)
         out = run.call("actuator", actuator.allocate, view, score, step, budget)
+        if not isinstance(out, Allocation):
+            raise BatchFieldError(actuator.who, "allocate", f"returned {type(out).__name__}; expected an "
+                                  "Allocation(counts, keep=None, metrics={}) (dataflex_bus.components.Allocation)")
         before = run.event == "on_prompts"
         rules = rules_of(actuator, budget, before_generation=before, key=f"{run.config.name}: actuator.params")
         for k, v in out.metrics.items():

@@ -46,4 +46,5 @@ def describe(resolved: Mapping[str, Any], *, group_size: bool = True) -> HostDes
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(CAPABILITIES), adv_estimator="grpo",
                            group_size=int(trainer["group_size"]) if group_size else None, loss_agg="token-mean",
+                           prompts_per_step=int(trainer["prompts_per_step"]) if group_size else None,
                            missing=missing)

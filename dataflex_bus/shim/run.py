@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import IO, Any
 import torch
 
 from .. import __version__
-from ..errors import ConfigError, ConfigIssue, SignalInterrupt
+from ..errors import ConfigError, ConfigIssue, SignalInterrupt, clip_text, format_traceback
 from ..runtime import Runtime
 from .config import RunConfig, prepare
 from .files import (
@@ -265,13 +264,13 @@ def _train(resolved: dict[str, Any], runtime: Runtime, out_dir: Path | None, sav
         if isinstance(exc, SignalInterrupt):
             exc.step = trainer.step
         record["status"] = "interrupted"
-        record["error"] = f"interrupted at step {trainer.step}" + (f": {exc}" if str(exc) else "")
+        record["error"] = clip_text(f"interrupted at step {trainer.step}" + (f": {exc}" if str(exc) else ""))
         raise
     except BaseException as exc:
         record["status"] = "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["error"] = clip_text(f"{type(exc).__name__}: {exc}")
         # Where it happened (a plugin's file and line), for whoever reads the record after the terminal is gone.
-        record["traceback"] = "".join(traceback.format_exception(exc))
+        record["traceback"] = format_traceback(exc)
         raise
     else:
         record["status"] = "complete"

@@ -10,18 +10,15 @@ physical memory, naming the key that makes it too large.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigIssue
+from ..memory import FALLBACK_MEMORY, GIB, format_bytes, machine_memory
 from .sections import MODEL, TRAINER
 from .tasks import MAX_RESPONSE_LEN, NUM_OUTPUTS, PROMPT_LEN, vocab_size
 
-GIB = 1024 ** 3
-#: Used when the machine does not say how much memory it has.
-FALLBACK_MEMORY = 16 * GIB
 #: One metrics dict kept in memory per step (about 40 + 3 per domain float entries), with its JSON line.
 METRICS_ROW_BYTES = 8 * 1024
 
@@ -33,15 +30,6 @@ class Term:
     key: str
     what: str
     bytes: int
-
-
-def machine_memory() -> int:
-    """Physical memory in bytes (Linux, macOS); :data:`FALLBACK_MEMORY` where the OS does not say."""
-    try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return FALLBACK_MEMORY
-    return pages * size if pages > 0 and size > 0 else FALLBACK_MEMORY
 
 
 def _row_bytes(hidden: int, layers: int) -> int:
@@ -114,8 +102,5 @@ def check_memory(resolved: Mapping[str, Any], limit: int | None = None) -> Confi
                        f"(mostly for {largest.what}), but this machine has {_size(limit)}; reduce {culprit}")
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("TiB", 1024 ** 4), ("GiB", GIB), ("MiB", 1024 ** 2)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n / 1024:.1f} KiB"
+_size = format_bytes
+__all__ = ["FALLBACK_MEMORY", "GIB", "Term", "check_memory", "estimate", "machine_memory"]

@@ -168,6 +168,9 @@ class Prompts:
     def repeat(self, n: int | Tensor) -> Prompts:
         """Each prompt ``n`` times in a row (a GRPO group is contiguous); ``n`` long ``[N]``: prompt ``i``
         ``n[i]`` times (ragged groups, an allocation's counts)."""
+        if isinstance(n, Tensor) and n.dim() > 0 and n.numel() != len(self.domains):
+            raise ValueError(f"shim: {n.numel()} rollout counts for {len(self.domains)} prompts (one count per "
+                             "prompt expected)")
         return Prompts(*(x.repeat_interleave(n, 0) for x in self._fields()))
 
     def take(self, rows: Tensor) -> Prompts:

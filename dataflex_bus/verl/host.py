@@ -128,11 +128,17 @@ def describe(config: Any) -> HostDescription:
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
-                           group_size=n, loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
+                           group_size=n, prompts_per_step=_positive(select(config, "data.train_batch_size")),
+                           loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
                                                              "token-mean")),
                            missing=missing, check=lambda cfg, key: block_issues(config, cfg, key),
                            rollout_is=None if rollout_is is None or bool(
                                select(config, f"{ROLLOUT_CORRECTION}.bypass_mode", False)) else str(rollout_is))
+
+
+def _positive(value: Any) -> int | None:
+    """``value`` when it is a positive int (a config value that may be unset or an interpolation), else ``None``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:

@@ -145,6 +145,7 @@ class DataflexTrainer(PPOTrainer):
         self.domain_key = self.dataflex.domain_key
         self.domain_sampler: DomainSampler | None = None
         self._skip_update = False
+        self._rounds_skip_update = False  # the generation rounds' outcome (an allocation's on_empty=skip)
         self._drawn: dict[str, int] = {}
         self._refill_dispatched = 0
         #: Prompt uids submitted for generation since the last round began (refill rounds).
@@ -269,6 +270,7 @@ class DataflexTrainer(PPOTrainer):
             # does not train: only the rewards are left to remember, for the trained-only metrics.
             batch, _ = self._read("on_rollout", meta, emits=False)
             self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
+            self._skip_update = self._rounds_skip_update
             return meta
         gen = step.generation(int(self.config.data.train_batch_size))
         counted = self._buffer_counts_rollouts
@@ -377,6 +379,7 @@ class DataflexTrainer(PPOTrainer):
                 break
             self._refill(n)
         outcome = gen.finish()
+        self._rounds_skip_update = outcome.skip_update
         keeps = iter(outcome.keeps)
         trained: list[str] = []
         evicted: set[str] = set()

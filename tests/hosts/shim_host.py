@@ -72,7 +72,8 @@ class WorldShim(ShimTrainer):
 
     @staticmethod
     def _join(chosen: Chosen[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
-        return torch.cat(chosen.draws)[chosen.index]
+        only = chosen.only  # the shim's own shortcut (ShimTrainer._join): the whole draw, nothing indexed
+        return only if only is not None else torch.cat(chosen.draws)[chosen.index]
 
     @staticmethod
     def _take(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -84,7 +85,7 @@ class WorldShim(ShimTrainer):
         # (a continuation's start again at 0).
         domains, uids, rewards, lengths, sessions, rows_of = [], [], [], [], [], []
         sizes = [N] * len(rows) if counts is None else counts.tolist()
-        for j, (i, n) in enumerate(zip(rows.tolist(), sizes)):
+        for j, (i, n) in enumerate(zip(rows.tolist(), sizes, strict=True)):  # one count per prompt
             domain, row = self.prompts[i]
             if uid is None:
                 self.next_uid += 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -28,6 +28,9 @@ from dataflex_bus.batch import Batch
 from dataflex_bus.components import ALLOCATION_PARAMS, Allocation, Allocator, Budget, Param, Score, Scorer
 from dataflex_bus.errors import BatchFieldError
 from dataflex_bus.visits import REWARD_WINDOW, SUCCESS_THRESHOLD
+
+if TYPE_CHECKING:
+    from dataflex_bus.host import HostDescription
 
 OBJECTIVES = ("official", "exact")
 SOLVERS = ("greedy", "dp")
@@ -230,6 +233,23 @@ class Knapsack(Allocator):
                 issues.append((name, f"{name}={v} gives groups of one rollout; use 0, 2 or more, or singletons: true"))
             if v is not None and v > values["max_n"]:
                 issues.append((name, f"{name}={v} exceeds max_n={values['max_n']}"))
+        return issues
+
+    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
+        """What step 0 would refuse, known at validation from the host: every prompt is new then and gets the
+        group size ``n``, which must lie in ``[min_n, max_n]``, and the budget must cover ``n`` per prompt."""
+        issues = super().check_host(host)
+        n, prompts = host.group_size, host.prompts_per_step
+        if n is None:
+            return issues
+        if not self.min_n <= n <= self.max_n:
+            bound, side = ("max_n", "more") if n > self.max_n else ("min_n", "less")
+            issues.append((bound, f"new prompts get the group size {n} of host {host.name!r}, outside [min_n="
+                           f"{self.min_n}, max_n={self.max_n}]; set {bound} to {n} or {side}"))
+        if prompts is not None and self.budget is not None and self.budget < n * prompts:
+            issues.append(("budget", f"the budget of {self.budget} rollouts is below the floors' {n * prompts} of a "
+                           f"step of new prompts ({prompts} prompts x the group size {n} on host {host.name!r}), as "
+                           f"every prompt is at step 0; raise budget to {n * prompts} or more"))
         return issues
 
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:

@@ -1,0 +1,374 @@
+"""The replay buffer's store: a bounded, column-per-field ring of past rows (rollouts) for one run.
+
+:class:`ReplayStore` keeps one slot per row, keyed by the prompt table's dense index. Per row it keeps the
+prompt, the stored group, the insertion order, the step the row was generated at (the policy version), its
+reward, priority and advantage, its domain, its behaviour log-probs ``mu`` and the host's own fields of the
+rollout (its *payload*: token ids, masks, ... as dense columns with each row's length, plus, for a host that
+has them, per-row Python objects such as verl's non-tensor columns). Memory is bounded by ``capacity`` rows
+times the widest row seen (the fixed columns are preallocated: :func:`preallocated_bytes`); integer payload
+columns are kept in the narrowest integer type that holds their values (``nbytes``,
+``benchmarks/bench_replay.py``). A :class:`Record` is rows going in or read back. What a step replays, and how,
+is :mod:`dataflex_bus.replay`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .errors import BatchFieldError, ConfigError, ConfigIssue
+from .ops import segment_count
+
+
+class StoreTable(Protocol):
+    """What the store needs of the run's prompt table (:class:`dataflex_bus.history.PromptTable`): how many
+    prompts it holds (the ids a row may carry) and its fingerprint, checked again at restore. The store knows
+    no step and no host: it sits with the base types, below the contract that bounds its capacity."""
+
+    def __len__(self) -> int: ...
+
+    def fingerprint(self) -> Any: ...
+
+    def check_saved(self, saved: Any, what: str) -> None: ...
+
+#: The per-row columns of the store, with their dtypes (``mu`` and the payload are ``[C, width]``).
+_COLUMNS: dict[str, torch.dtype] = {"prompt": torch.long, "group": torch.long, "seq": torch.long,
+                                    "version": torch.long, "reward": torch.float32, "priority": torch.float32,
+                                    "advantage": torch.float32, "domain": torch.long, "length": torch.long}
+_INT_TYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def preallocated_bytes(capacity: int) -> int:
+    """Bytes a store of ``capacity`` rows allocates when it is made (its fixed columns; ``mu`` and the payload
+    grow with the widest row stored), computed without allocating anything."""
+    per_row = sum(torch.empty((), dtype=dtype).element_size() for dtype in _COLUMNS.values())
+    return int(capacity) * per_row
+
+
+def _narrowest(t: Tensor) -> torch.dtype:
+    """The narrowest integer dtype holding every value of the integer tensor ``t`` (its own otherwise)."""
+    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
+        return t.dtype
+    lo, hi = (int(x) for x in torch.aminmax(t))
+    for dtype in _INT_TYPES:
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    return t.dtype
+
+
+def _wider(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    if a in _INT_TYPES and b in _INT_TYPES:
+        return _INT_TYPES[max(_INT_TYPES.index(a), _INT_TYPES.index(b))]
+    return torch.promote_types(a, b)
+
+
+def pad_to(t: Tensor, width: int) -> Tensor:
+    """``t`` ``[n, w]`` right-padded with zeros to ``[n, width]`` (``w <= width``)."""
+    if t.shape[1] == width:
+        return t
+    return torch.cat([t, t.new_zeros((t.shape[0], width - t.shape[1], *t.shape[2:]))], dim=1)
+
+
+@dataclass
+class Record:
+    """Rows to store or stored rows read back, in row order: the kit's columns (see the module doc), ``mu``
+    ``[n, T]``, the host's ``payload`` (dense ``[n, w]`` per field; ``lengths[name]``: each row's length in it,
+    absent for a field whose rows are all full) and its per-row ``objects`` (``None``: the host has none)."""
+
+    prompt: Tensor
+    group: Tensor
+    version: Tensor
+    reward: Tensor
+    priority: Tensor
+    advantage: Tensor
+    domain: Tensor
+    length: Tensor
+    mu: Tensor
+    payload: dict[str, Tensor] = field(default_factory=dict)
+    lengths: dict[str, Tensor] = field(default_factory=dict)
+    objects: list[Any] | None = None
+    seq: Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.prompt.numel())
+
+
+class ReplayStore:
+    """The bounded store of past rows of one run (see the module doc). ``capacity``: rows at most (the oldest
+    groups are evicted first); ``per_prompt``: rows per prompt at most (the oldest rows of a prompt first; 0:
+    no bound)."""
+
+    def __init__(self, table: StoreTable, capacity: int, *, per_prompt: int = 0) -> None:
+        if capacity < 1:
+            raise ValueError(f"replay store capacity must be at least 1 row, got {capacity}")
+        self.table = table
+        self.capacity = int(capacity)
+        self.per_prompt = int(per_prompt)
+        self.columns = {name: torch.full((self.capacity,), -1, dtype=dtype) for name, dtype in _COLUMNS.items()}
+        self.mu = torch.zeros((self.capacity, 0), dtype=torch.float32)
+        self.payload: dict[str, Tensor] = {}
+        #: The dtype each payload field is handed back in (columns may be stored narrower).
+        self.dtypes: dict[str, torch.dtype] = {}
+        #: Payload fields given one value per row (``[n]``): stored as one column, handed back as ``[n]``.
+        self.scalars: set[str] = set()
+        self.lengths: dict[str, Tensor] = {}
+        self.objects: list[Any] | None = None
+        self.next_seq = 0
+        self.next_group = 0
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def occupied(self) -> Tensor:
+        """Bool ``[C]``: slots holding a row."""
+        return self.columns["prompt"] >= 0
+
+    def __len__(self) -> int:
+        return int(self.occupied.sum())
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.columns[name]
+
+    @property
+    def num_groups(self) -> int:
+        return int(torch.unique(self.columns["group"][self.occupied]).numel())
+
+    def nbytes(self) -> int:
+        """Bytes of every tensor the store holds (its bound: ``capacity`` x the widths seen)."""
+        tensors = [*self.columns.values(), self.mu, *self.payload.values(), *self.lengths.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def gather(self, slots: Tensor) -> Record:
+        """The rows in ``slots`` (long), in that order, payload in the dtypes it was given in."""
+        c = {name: col[slots] for name, col in self.columns.items()}
+        payload = {name: (col[slots, 0] if name in self.scalars else col[slots]).to(self.dtypes[name])
+                   for name, col in self.payload.items()}
+        lengths = {name: col[slots].to(torch.long) for name, col in self.lengths.items()}
+        objects = None if self.objects is None else [self.objects[i] for i in slots.tolist()]
+        return Record(prompt=c["prompt"], group=c["group"], version=c["version"], reward=c["reward"],
+                      priority=c["priority"], advantage=c["advantage"], domain=c["domain"], length=c["length"],
+                      mu=self.mu[slots], payload=payload, lengths=lengths, objects=objects, seq=c["seq"])
+
+    # ------------------------------------------------------------------ writing
+    def evict(self, slots: Tensor) -> int:
+        """Free the slots selected by ``slots`` (bool ``[C]``); returns how many held a row."""
+        slots = slots & self.occupied
+        count = int(slots.sum())
+        if count:
+            for col in self.columns.values():
+                col.masked_fill_(slots, -1)
+            if self.objects is not None:
+                for i in torch.nonzero(slots).flatten().tolist():
+                    self.objects[i] = None
+        return count
+
+    def evict_stale(self, step: int, max_age_steps: int) -> int:
+        """Evict rows generated more than ``max_age_steps`` steps before ``step`` (0: none)."""
+        if max_age_steps <= 0:
+            return 0
+        return self.evict(self.occupied & (self.columns["version"] < step - max_age_steps))
+
+    def dedup(self) -> int:
+        """Keep only each prompt's newest stored group (DOTS: the newest copy of a prompt)."""
+        occ = self.occupied
+        if not bool(occ.any()):
+            return 0
+        prompt, group = self.columns["prompt"], self.columns["group"]
+        newest = torch.full((len(self.table),), -1, dtype=torch.long)
+        newest.scatter_reduce_(0, prompt[occ], group[occ], "amax")
+        return self.evict(occ & (group != newest[prompt.clamp_min(0)]))
+
+    def insert(self, record: Record) -> dict[str, int]:
+        """Store ``record``'s rows (its ``group`` is a group id local to it; the store numbers groups itself),
+        evicting the oldest groups when full and the oldest rows of a prompt beyond ``per_prompt``."""
+        n = len(record)
+        out = {"inserted": 0, "evicted_capacity": 0, "evicted_per_prompt": 0, "truncated": 0}
+        if n == 0:
+            return out
+        order = torch.arange(n)
+        if n > self.capacity:
+            order = self._newest_groups(record.group, self.capacity)
+            out["truncated"] = n - int(order.numel())
+            n = int(order.numel())
+        free = int((~self.occupied).sum())
+        if free < n:
+            out["evicted_capacity"] = self._evict_oldest_groups(n - free)
+        slots = torch.nonzero(~self.occupied).flatten()[:n]
+        groups = torch.unique(record.group[order], return_inverse=True)[1] + self.next_group
+        self.next_group = int(groups.max()) + 1
+        for name in ("prompt", "version", "reward", "priority", "advantage", "domain", "length"):
+            self.columns[name][slots] = getattr(record, name)[order].to(_COLUMNS[name])
+        self.columns["group"][slots] = groups
+        self.columns["seq"][slots] = torch.arange(self.next_seq, self.next_seq + n)
+        self.next_seq += n
+        self.mu = self._fit(self.mu, record.mu[order], slots)
+        for name, value in record.payload.items():
+            self._put_payload(name, value[order], slots)
+        for name, value in record.lengths.items():
+            col = self.lengths.get(name)
+            if col is None:
+                col = self.lengths[name] = torch.zeros(self.capacity, dtype=torch.int32)
+            col[slots] = value[order].to(torch.int32)
+        if record.objects is not None:
+            if self.objects is None:
+                self.objects = [None] * self.capacity
+            for slot, i in zip(slots.tolist(), order.tolist()):
+                self.objects[slot] = record.objects[i]
+        out["inserted"] = n
+        if self.per_prompt > 0:
+            out["evicted_per_prompt"] = self._evict_per_prompt()
+        return out
+
+    @staticmethod
+    def _newest_groups(group: Tensor, room: int) -> Tensor:
+        """Rows (long, in order) of the newest whole groups of ``group`` that fit in ``room`` rows (a group
+        larger than the room: its last ``room`` rows)."""
+        uniq, inverse = torch.unique(group, return_inverse=True)
+        last = torch.full((uniq.numel(),), -1, dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(group.numel()), "amax")
+        newest_first = torch.argsort(last, descending=True)
+        sizes = segment_count(inverse, uniq.numel())[newest_first]
+        fits = newest_first[torch.cumsum(sizes, 0) <= room]
+        if fits.numel() == 0:
+            return torch.arange(group.numel() - room, group.numel())
+        return torch.nonzero(torch.isin(inverse, fits)).flatten()
+
+    def _evict_oldest_groups(self, rows: int) -> int:
+        """Free at least ``rows`` slots by evicting the oldest stored groups, whole."""
+        occ = torch.nonzero(self.occupied).flatten()
+        oldest = occ[torch.argsort(self.columns["seq"][occ])][:rows]
+        groups = torch.unique(self.columns["group"][oldest])
+        return self.evict(self.occupied & torch.isin(self.columns["group"], groups))
+
+    def _evict_per_prompt(self) -> int:
+        occ = torch.nonzero(self.occupied).flatten()
+        prompt, seq = self.columns["prompt"][occ], self.columns["seq"][occ]
+        # Newest first within each prompt: sort by seq descending, then stably by prompt.
+        by_seq = torch.argsort(seq, descending=True)
+        order = by_seq[torch.sort(prompt[by_seq], stable=True).indices]
+        p = prompt[order]
+        counts = torch.unique_consecutive(p, return_counts=True)[1]
+        starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        rank = torch.arange(p.numel()) - starts
+        drop = torch.zeros(self.capacity, dtype=torch.bool)
+        drop[occ[order[rank >= self.per_prompt]]] = True
+        return self.evict(drop)
+
+    def _fit(self, column: Tensor, value: Tensor, slots: Tensor) -> Tensor:
+        """``column[slots] = value``, widening the column (or padding the value) to the wider of the two."""
+        width = max(column.shape[1], value.shape[1])
+        if column.shape[1] < width:
+            column = pad_to(column, width)
+        column[slots] = pad_to(value.to(column.dtype), width)
+        return column
+
+    def _put_payload(self, name: str, value: Tensor, slots: Tensor) -> None:
+        if value.dim() < 2:
+            self.scalars.add(name)
+            value = value[:, None]
+        given = self.dtypes.setdefault(name, value.dtype)
+        if given != value.dtype:
+            raise BatchFieldError("dataflex replay", name, f"stored as {given}, now given as {value.dtype}")
+        col = self.payload.get(name)
+        narrow = _narrowest(value)
+        if col is None:
+            col = torch.zeros((self.capacity, value.shape[1], *value.shape[2:]), dtype=narrow)
+        elif _wider(col.dtype, narrow) != col.dtype:
+            col = col.to(_wider(col.dtype, narrow))
+        self.payload[name] = self._fit(col, value, slots)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The occupied slots and their rows (compact), the counters and the prompt table's fingerprint."""
+        occ = torch.nonzero(self.occupied).flatten()
+        return {
+            "table": self.table.fingerprint(), "capacity": self.capacity, "per_prompt": self.per_prompt,
+            "slots": occ.clone(), "columns": {k: v[occ].clone() for k, v in self.columns.items()},
+            "mu": self.mu[occ].clone(), "payload": {k: v[occ].clone() for k, v in self.payload.items()},
+            "dtypes": {k: str(v).removeprefix("torch.") for k, v in self.dtypes.items()},
+            "scalars": sorted(self.scalars),
+            "lengths": {k: v[occ].clone() for k, v in self.lengths.items()},
+            "objects": None if self.objects is None else [self.objects[i] for i in occ.tolist()],
+            "next_seq": self.next_seq, "next_group": self.next_group,
+        }
+
+    def _check_restored(self, state: Mapping[str, Any], slots: Tensor) -> None:
+        """Refuse a saved store whose rows no :meth:`insert` could have written (a checksum proves the file is
+        the one written, not that what was written is sound): naming the column and what is wrong with it."""
+        def damaged(column: str, what: str) -> ConfigError:
+            return ConfigError(ConfigIssue("dataflex", f"the replay buffer in the checkpoint is damaged: {column} "
+                                           f"{what}; start the run afresh (without resume) or restore another "
+                                           "checkpoint"))
+
+        n = int(slots.numel())
+        if n and (int(slots.min()) < 0 or int(slots.max()) >= self.capacity):
+            raise damaged("slots", f"holds slots outside [0, {self.capacity})")
+        if int(torch.unique(slots).numel()) != n:
+            raise damaged("slots", "holds a slot twice")
+        columns = state["columns"]
+        if set(columns) != set(_COLUMNS):
+            raise damaged("columns", f"are {sorted(columns)}, expected {sorted(_COLUMNS)}")
+        for name, value in (*columns.items(), ("mu", state["mu"])):
+            if not isinstance(value, Tensor) or value.shape[:1] != (n,):
+                shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise damaged(f"column {name!r}", f"has {shape} for {n} slots")
+        bounds = {"prompt": (0, len(self.table)), "group": (0, int(state["next_group"])),
+                  "seq": (0, int(state["next_seq"])), "version": (0, None), "domain": (-1, None),
+                  "length": (0, None)}
+        for name, (low, high) in bounds.items():
+            value = columns[name]
+            if value.is_floating_point() or value.dtype == torch.bool:
+                raise damaged(f"column {name!r}", f"is {value.dtype}, expected integer ids")
+            if n and (int(value.min()) < low or (high is not None and int(value.max()) >= high)):
+                where = f"[{low}, {high})" if high is not None else f">= {low}"
+                raise damaged(f"column {name!r}", f"holds values outside {where}")
+        if not bool(torch.isfinite(state["mu"].to(torch.float32)).all()):
+            raise damaged("column 'mu'", "holds non-finite behaviour log-probs (insert stores finite ones only)")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.table.check_saved(state.get("table"), "the replay buffer")
+        slots = state["slots"].to(torch.long)
+        if state["capacity"] != self.capacity or state["per_prompt"] != self.per_prompt:
+            raise ConfigError(ConfigIssue("dataflex", f"the replay buffer in the checkpoint holds {state['capacity']} "
+                                          f"rows ({state['per_prompt']} per prompt); this run's holds {self.capacity} "
+                                          f"({self.per_prompt})"))
+        self._check_restored(state, slots)
+        self.__init__(self.table, self.capacity, per_prompt=self.per_prompt)  # type: ignore[misc]
+        for name, value in state["columns"].items():
+            self.columns[name][slots] = value.to(_COLUMNS[name])
+        mu = state["mu"]
+        self.mu = torch.zeros((self.capacity, mu.shape[1]), dtype=torch.float32)
+        self.mu[slots] = mu
+        self.dtypes = {k: getattr(torch, v) for k, v in state["dtypes"].items()}
+        self.scalars = set(state.get("scalars", ()))
+        for name, value in state["payload"].items():
+            col = torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype)
+            col[slots] = value
+            self.payload[name] = col
+        for name, value in state["lengths"].items():
+            col = torch.zeros(self.capacity, dtype=torch.int32)
+            col[slots] = value
+            self.lengths[name] = col
+        if state["objects"] is not None:
+            self.objects = [None] * self.capacity
+            for slot, obj in zip(slots.tolist(), state["objects"]):
+                self.objects[slot] = obj
+        self.next_seq, self.next_group = int(state["next_seq"]), int(state["next_group"])
+
+
+def take_rows(record: Record, keep: Tensor) -> Record:
+    """The rows ``keep`` (long) of ``record``."""
+    return Record(prompt=record.prompt[keep], group=record.group[keep], version=record.version[keep],
+                  reward=record.reward[keep], priority=record.priority[keep], advantage=record.advantage[keep],
+                  domain=record.domain[keep], length=record.length[keep], mu=record.mu[keep],
+                  payload={k: v[keep] for k, v in record.payload.items()},
+                  lengths={k: v[keep] for k, v in record.lengths.items()},
+                  objects=None if record.objects is None else [record.objects[i] for i in keep.tolist()],
+                  seq=None if record.seq is None else record.seq[keep])
+
+
+__all__ = ["Record", "ReplayStore", "preallocated_bytes"]

@@ -1,0 +1,85 @@
+"""Sizes a block asks for are checked against the host and this machine at validation, before anything is
+allocated: a replay capacity or an allocator budget/max_n too large for memory (refused naming the key and the
+bytes), a replay buffer that could never hold what it is to replay, and knapsack's step-0 floors (its budget
+and max_n against the host's group size), by `dataflex validate` as by every host."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataflex_bus.cli import main
+from dataflex_bus.errors import ConfigError
+from dataflex_bus.host import ANY_HOST
+from dataflex_bus.shim import run_training
+from dataflex_bus.validation import validate
+
+SHIM_HOST = ANY_HOST.replace(name="shim", group_size=4, prompts_per_step=8)
+
+
+def replay(**params):
+    return {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+            "actuator": {"name": "rollout_replay", "params": params}}
+
+
+def knapsack(**params):
+    return {"mechanism": "allocate", "scorer": {"name": "knapsack_rate"},
+            "actuator": {"name": "knapsack", "params": params}}
+
+
+def refusal(block, host=ANY_HOST) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(block, host=host)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(("block", "key"), [
+    (replay(capacity=10**10), "capacity"),
+    (knapsack(budget=10**9, max_n=10**9), "budget"),
+    (knapsack(max_n=10**9), "max_n"),
+], ids=["replay-capacity", "allocate-budget", "allocate-max_n"])
+def test_a_size_beyond_this_machines_memory_is_refused_naming_the_key_and_the_bytes(block, key):
+    message = refusal(block)  # any host: the bound is this machine's, not a host's
+    assert f"dataflex.actuator.params.{key}:" in message and "bytes) of memory, but this machine has" in message
+
+
+def test_the_shim_refuses_an_absurd_capacity_before_allocating_or_writing_a_run(tmp_path):
+    cfg = {"trainer": {"steps": 1, "group_size": 4, "prompts_per_step": 4}, "model": {"pretrain_steps": 0},
+           "dataflex": replay(capacity=10**10)}
+    with pytest.raises(ConfigError, match=r"capacity=10,000,000,000 stored rows need at least"):
+        run_training(cfg, out=tmp_path / "run")
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_a_buffer_smaller_than_a_group_is_refused():
+    message = refusal(replay(unit="prompt", capacity=3), SHIM_HOST)
+    assert "dataflex.actuator.params.capacity" in message and "less than one group of 4" in message
+    validate(replay(unit="prompt", capacity=4), host=SHIM_HOST)
+
+
+def test_a_group_buffer_smaller_than_one_steps_replay_is_warned_about():
+    # fresh_fraction 0.5 of 8 prompts: 4 stored groups of 4 replace fresh ones each step
+    (warning,) = validate(replay(capacity=12), host=SHIM_HOST).warnings
+    assert warning.key == "dataflex.actuator.params.capacity"
+    assert "holds 3 of the 4 groups of 4 one step replays" in warning.message and "capacity >= 16" in warning.message
+    assert not validate(replay(capacity=16), host=SHIM_HOST).warnings
+
+
+@pytest.mark.parametrize(("params", "key", "text"), [
+    ({"budget": 8}, "budget", "budget of 8 rollouts is below the floors' 32"),
+    ({"max_n": 3}, "max_n", "group size 4 of host 'shim', outside [min_n=2, max_n=3]"),
+    ({"min_n": 6, "max_n": 8}, "min_n", "outside [min_n=6, max_n=8]"),
+])
+def test_knapsacks_step_zero_floors_are_known_at_validation(params, key, text):
+    message = refusal(knapsack(**params), SHIM_HOST)
+    assert f"dataflex.actuator.params.{key}" in message and text in message
+    validate(knapsack(**params))  # without the host's group size nothing is known yet
+
+
+def test_dataflex_validate_refuses_knapsacks_floors_from_a_shim_config(tmp_path, capsys):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("trainer: {steps: 3, group_size: 4, prompts_per_step: 8}\n"
+                    "dataflex:\n  mechanism: allocate\n  scorer: {name: knapsack_rate}\n"
+                    "  actuator: {name: knapsack, params: {budget: 8}}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "dataflex.actuator.params.budget" in err and "below the floors' 32" in err
