@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..components import Actuator, Allocator, Budget, Scorer
 from ..errors import BatchFieldError, ConfigIssue
-from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
+from .base import Mechanism, MethodRun, MethodSettings, Need, latest_event, timing_after
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -52,21 +52,20 @@ class Allocate(Mechanism):
             out["on_rollout"] = "fed a post_reward score: continuation counts per group"
         return out
 
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        out: dict[str, Need] = {"ragged_groups": Need("allocates rollouts per prompt", instead=ALTERNATIVE)}
+        if latest_event(scorer.timing, actuator.min_timing) == "on_prompts":
+            out["prompt_selection"] = Need("allocates before generation (on_prompts)", at="scorer.name")
+        return out
+
     def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
               key: str) -> list[ConfigIssue]:
         issues = []
         sname, aname = method.scorer.name, method.actuator.name
         event = latest_event(scorer.timing, actuator.min_timing)
-        if not host.can("ragged_groups"):
-            issues.append(ConfigIssue(f"{key}.mechanism", f"allocates rollouts per prompt, which host {host.name!r} "
-                                      f"cannot carry out{host.why_not('ragged_groups')} (it lacks ragged_groups); "
-                                      f"{ALTERNATIVE}"))
         if event == "on_prompts" and scorer.needs_groups:
             issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout but needs groups of "
                                       "rollouts, which do not exist before generation"))
-        if event == "on_prompts" and not host.can("prompt_selection"):
-            issues.append(ConfigIssue(f"{key}.scorer.name", f"allocates before generation (on_prompts), which host "
-                                      f"{host.name!r} cannot do{host.why_not('prompt_selection')}"))
         if event == "on_rollout" and getattr(actuator, "rounds", 1) < 2:
             issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs {scorer.timing}, after the "
                                       f"rollouts {actuator.kind} {aname!r} allocates before generation; pair it with "
