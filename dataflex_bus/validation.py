@@ -76,7 +76,9 @@ def block_needs(config: DataflexConfig, key: str = "dataflex") -> list[Needed]:
     for method, mkey in zip(config.methods, method_keys(config, key)):
         if method.resolved is None:
             raise ValueError(f"{mkey} is not resolved: pass the config validate() returned")
-        needed.extend(method_needs(method, method.resolved.scorer.load(), method.resolved.actuator.load(), mkey))
+        scorer, actuator = method.resolved.scorer.load(), method.resolved.actuator.load()
+        assert issubclass(scorer, Scorer) and issubclass(actuator, Actuator)
+        needed.extend(method_needs(method, scorer, actuator, mkey))
     return needed
 
 
