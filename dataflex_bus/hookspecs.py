@@ -6,8 +6,9 @@ Plugins implement these hooks with ``@dataflex_bus.hookimpl``. There are two fam
   declares the scorers and actuators it provides. Listing plugins never imports the components, so
   register ``"module:Class"`` strings (or classes from an import-light module).
 * **training events** (``on_prompts``, ``on_rollout``, ``on_advantage``, ``on_step_end``): emitted by the
-  host loop (the CPU shim, verl's ``dataflex_*`` trainers or TRL's ``GRPOTrainer``) in this order within a training step (``on_prompts`` once per
-  draw of candidate prompts, ``on_rollout`` once per generation round, the others once per step). The
+  host loop (the CPU shim, verl's ``dataflex_*`` trainers or TRL's ``GRPOTrainer``) in this order within a
+  training step (``on_prompts`` once per draw of candidate prompts, ``on_rollout`` once per generation
+  round, the others once per step). The
   pipeline built from the config is the *participant* that acts on each event; any other plugin
   implementing an event hook is an *observer* (a logger, a metric sink): it sees the batch and the
   decision after the participants ran, and if it raises, the error is logged and training goes on.
