@@ -423,3 +423,11 @@ class Batch:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.fields.items())
         return f"Batch(rows={len(self)}, padding={int(self.is_padding.sum())}, {shapes})"
+
+
+def first_group(batch: Batch) -> Tensor:
+    """Bool ``[B]``: the rows of the first real group (what an empty or skipped step carries on with)."""
+    valid = torch.nonzero(batch.valid_rows).flatten()
+    if valid.numel() == 0:
+        return torch.ones(len(batch), dtype=torch.bool)
+    return batch.group_index == batch.group_index[valid[0]]

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .batch import first_group as first_group  # (the hosts' step drivers take it from here)
 from .errors import BatchFieldError, DataflexError
 from .mechanisms.mix import check_probabilities
 
@@ -48,14 +49,6 @@ class RolloutAction:
     keep: Tensor | None
     skip_update: bool
     removed: int
-
-
-def first_group(batch: Batch) -> Tensor:
-    """Bool ``[B]``: the rows of the first real group (what an empty or skipped step carries on with)."""
-    valid = torch.nonzero(batch.valid_rows).flatten()
-    if valid.numel() == 0:
-        return torch.ones(len(batch), dtype=torch.bool)
-    return batch.group_index == batch.group_index[valid[0]]
 
 
 BEFORE_ADVANTAGES = "decided at on_rollout, before advantages exist; a method writing them must act at on_advantage"
@@ -286,60 +279,6 @@ def carry_out_prompts(batch: Batch, decision: Decision) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- allocation (counts)
-@dataclass(frozen=True)
-class CountRules:
-    """What the bus checks on an allocator's counts (allocation.md 6.1): at ``on_prompts`` their sum against
-    the budget ``total`` (``== total`` when ``exact``, else ``<=``); every non-zero count (at ``on_rollout``:
-    every group's size after its continuation) in ``[min_n, max_n]``. ``who`` names the allocator and ``key``
-    its parameters in every refusal."""
-
-    total: int | None
-    exact: bool
-    min_n: int
-    max_n: int
-    who: str = "allocator"
-    key: str = "actuator.params"
-
-
-def check_counts(counts: Tensor, batch: Batch, rules: CountRules, *, sizes: Tensor | None = None) -> Tensor:
-    """``counts`` (one per row of ``batch``) as long, checked: integers ``>= 0``, 0 on padding rows, each
-    non-zero count (plus the row's current group size ``sizes``, for a continuation) within
-    ``[min_n, max_n]``, and their sum within the budget (unless every count is 0: an empty selection, which
-    the method's ``on_empty`` decides). Raises :class:`BatchFieldError` naming the
-    allocator, the offending rows and the bound's parameter."""
-    who = rules.who
-    if not isinstance(counts, torch.Tensor) or counts.dtype == torch.bool or counts.is_floating_point() \
-            or counts.is_complex():
-        got = counts.dtype if isinstance(counts, torch.Tensor) else type(counts).__name__
-        raise BatchFieldError(who, "counts", f"expected an integer tensor of rollout counts, got {got}")
-    if tuple(counts.shape) != (len(batch),):
-        raise BatchFieldError(who, "counts", f"expected one count per row, shape ({len(batch)},), "
-                              f"got {tuple(counts.shape)}")
-    counts = counts.to(torch.long)
-    real = batch.valid_rows
-    if bool((counts < 0).any()):
-        rows = torch.nonzero(counts < 0).flatten()[:5].tolist()
-        raise BatchFieldError(who, "counts", f"negative counts on rows {rows}")
-    if bool((counts[~real] != 0).any()):
-        raise BatchFieldError(who, "counts", "padding rows must get 0 rollouts")
-    total = counts if sizes is None else counts + sizes
-    given = counts > 0
-    for bad, bound, name in ((given & (total > rules.max_n), rules.max_n, "max_n"),
-                             (given & (total < rules.min_n), rules.min_n, "min_n")):
-        if bool(bad.any()):
-            rows = torch.nonzero(bad).flatten()[:5].tolist()
-            what = "group sizes after the continuation" if sizes is not None else "counts"
-            raise BatchFieldError(who, "counts", f"{what} {total[bad][:5].tolist()} on rows {rows} break "
-                                  f"{name}={bound} ({rules.key}.{name})")
-    if rules.total is not None and bool(given.any()):  # nothing at all is an empty selection (on_empty)
-        spent = int(counts.sum())
-        if (spent != rules.total) if rules.exact else (spent > rules.total):
-            relation = "exactly" if rules.exact else "at most"
-            raise BatchFieldError(who, "counts", f"allocated {spent} rollouts; the budget is {relation} "
-                                  f"{rules.total} ({rules.key}.budget, exact_budget={rules.exact})")
-    return counts
-
-
 def carry_out_counts(batch: Batch, decision: Decision, group_size: int) -> Tensor:
     """Long ``[N]``: the rollouts to generate for each ``on_prompts`` candidate: the allocator's counts of
     the candidates kept (a selection after it zeroes the ones it skips), ``group_size`` for every kept

@@ -26,8 +26,9 @@ DOCTORS = {"verl": COMMANDS["doctor"], "trl": "dataflex_bus.trl.doctor:cmd_docto
 LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
 
-DESCRIPTION = ("Data-centric training controls for GRPO (select, reweight, mix) as plugins on one event bus: "
-               "list and inspect plugins, check configs, train on the CPU shim, compare methods.")
+DESCRIPTION = ("Data-centric training controls for GRPO (select, reweight, mix, replay, allocate) as plugins on one "
+               "event bus, run by three hosts (the CPU shim, verl, TRL): list and inspect plugins, check configs, "
+               "train on the CPU shim, compare methods, check a host integration.")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -178,7 +178,6 @@ class Scorer(Component):
 class Actuator(Component):
     """Turns a score into an action under one mechanism."""
 
-    mechanism: ClassVar[str] = ""
     #: Score granularities this actuator can act on.
     accepts: ClassVar[Sequence[str]] = ("prompt", "response")
     #: Earliest timing at which the actuator can act (e.g. subset selectors rewrite advantages).
@@ -214,7 +213,6 @@ class Selector(Actuator):
     generated)."""
 
     kind: ClassVar[str] = "selector"
-    mechanism: ClassVar[str] = "select"
     #: A selection only needs its score: fed a ``pre_rollout`` score it acts before generation.
     min_timing: ClassVar[str] = "pre_rollout"
     #: Returns recomputed ``advantages`` over the rows it keeps (a subset selector such as PODS).
@@ -256,7 +254,6 @@ class Reweighter(Actuator):
     """Mechanism ``reweight``: per-token loss weights (multiplied into ``rollout_is_weights``)."""
 
     kind: ClassVar[str] = "reweighter"
-    mechanism: ClassVar[str] = "reweight"
     min_timing: ClassVar[str] = "post_advantage"
     accepts: ClassVar[Sequence[str]] = ("prompt", "response", "token")
 
@@ -272,7 +269,6 @@ class Mixer(Actuator):
     """
 
     kind: ClassVar[str] = "mixer"
-    mechanism: ClassVar[str] = "mix"
     accepts: ClassVar[Sequence[str]] = ("prompt", "response", "domain")
 
     domains: list[str]
@@ -367,7 +363,6 @@ class Replayer(Actuator):
     """
 
     kind: ClassVar[str] = "replayer"
-    mechanism: ClassVar[str] = "replay"
     min_timing: ClassVar[str] = "post_reward"
     accepts: ClassVar[Sequence[str]] = ("prompt", "response")
     #: The behaviour log-probs (mu) and the advantages of what it stores.
@@ -480,7 +475,6 @@ class Allocator(Actuator):
     """
 
     kind: ClassVar[str] = "allocator"
-    mechanism: ClassVar[str] = "allocate"
     min_timing: ClassVar[str] = "pre_rollout"
     accepts: ClassVar[Sequence[str]] = ("prompt",)
     params: ClassVar[Mapping[str, Param]] = ALLOCATION_PARAMS

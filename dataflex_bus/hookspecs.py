@@ -6,8 +6,9 @@ Plugins implement these hooks with ``@dataflex_bus.hookimpl``. There are two fam
   declares the scorers and actuators it provides. Listing plugins never imports the components, so
   register ``"module:Class"`` strings (or classes from an import-light module).
 * **training events** (``on_prompts``, ``on_rollout``, ``on_advantage``, ``on_step_end``): emitted by the
-  host loop (the CPU shim or the verl trainer) in this order within a training step (``on_prompts`` once per
-  draw of candidate prompts, ``on_rollout`` once per generation round, the others once per step). The
+  host loop (the CPU shim, verl's ``dataflex_*`` trainers or TRL's ``GRPOTrainer``) in this order within a
+  training step (``on_prompts`` once per draw of candidate prompts, ``on_rollout`` once per generation
+  round, the others once per step). The
   pipeline built from the config is the *participant* that acts on each event; any other plugin
   implementing an event hook is an *observer* (a logger, a metric sink): it sees the batch and the
   decision after the participants ran, and if it raises, the error is logged and training goes on.
@@ -49,8 +50,9 @@ EVENTS: tuple[str, ...] = ("on_prompts", "on_rollout", "on_advantage", "on_step_
 def dataflex_register(register: Register) -> None:
     """Declare the components this plugin provides.
 
-    Call ``register(kind, name, target, summary="")`` once per component, where ``kind`` is one of
-    ``scorer``, ``selector``, ``reweighter``, ``mixer`` or ``allocator`` and ``target`` is the component
+    Call ``register(kind, name, target, summary="")`` once per component, where ``kind`` is ``scorer``
+    or the actuator kind of one of the five mechanisms (``selector``, ``reweighter``, ``mixer``,
+    ``replayer``, ``allocator``) and ``target`` is the component
     class or an import string ``"package.module:ClassName"`` (preferred: the module is imported only when
     the component is built, so ``dataflex plugins`` stays fast and never imports torch).
     """
@@ -103,8 +105,9 @@ def on_advantage(batch: Batch, step: int, decision: Decision) -> None:
     on request: ``old_log_probs``, ``ref_log_prob``, ``returns``, ``entropy``, ``values``,
     ``token_level_rewards`` and, where the host's mini-batches are fixed before the update,
     ``minibatch_index`` (each row's optimizer step). ``reweight`` methods, ``select`` methods with a
-    ``post_advantage`` scorer, subset selectors (which rewrite ``advantages`` over the rows they keep) and
-    token selectors (which keep response tokens) act here.
+    ``post_advantage`` scorer, subset selectors (which rewrite ``advantages`` over the rows they keep),
+    token selectors (which keep response tokens) and ``replay`` methods (which pick the step's fresh rows
+    to store; stored rows join a later step before its old log-probs) act here.
     """
 
 

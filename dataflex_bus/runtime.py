@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .block import DataflexConfig
 from .bus import EventBus
-from .components import Selector, reads
+from .components import Allocator, Replayer, Selector, reads
 from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
@@ -111,12 +111,12 @@ class Runtime:
         """The method allocating rollouts (mechanism ``allocate``) at ``event``, if one acts there."""
         if self.pipeline is None:
             return None
-        return next((m for m in self.pipeline.at(event) if m.config.mechanism == "allocate"), None)
+        return next((m for m in self.pipeline.at(event) if isinstance(m.actuator, Allocator)), None)
 
     @property
     def allocates(self) -> bool:
         """True when a method allocates rollouts per prompt (the host generates ragged groups)."""
-        return self.pipeline is not None and any(m.config.mechanism == "allocate" for m in self.pipeline.methods)
+        return self.pipeline is not None and any(isinstance(m.actuator, Allocator) for m in self.pipeline.methods)
 
     @property
     def candidates_per_prompt(self) -> float:
@@ -144,13 +144,13 @@ class Runtime:
         """What the block's replay method asks of the host (``None`` without one), known before
         :meth:`set_prompts` (a host sizes its prompt fetches by ``fresh_fraction``)."""
         method = self._replay_method()
-        return None if method is None else method.actuator.settings()
+        return None if method is None else cast(Replayer, method.actuator).settings()
 
-    def _replay_method(self) -> Any:
+    def _replay_method(self) -> Method | None:
+        """The method whose actuator is a replayer (a block holds at most one)."""
         if self.pipeline is None:
             return None
-        found = [m for m in self.pipeline.methods if m.config.mechanism == "replay"]
-        return found[0] if found else None
+        return next((m for m in self.pipeline.methods if isinstance(m.actuator, Replayer)), None)
 
     @property
     def needs_prompt_ids(self) -> bool:

@@ -11,14 +11,15 @@ with the returned config, so building the pipeline neither resolves nor validate
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .block import DataflexConfig, MethodConfig, Resolved
 from .components import TIMINGS, Actuator, Scorer, Selector, as_score, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
 from .host import ANY_HOST, GROUP_ESTIMATORS, NON_GROUP_ESTIMATORS, HostDescription
 from .mechanisms import mechanism, mechanisms
+from .mechanisms.base import Need
 from .visits import VisitClasses
 
 if TYPE_CHECKING:
@@ -45,6 +46,52 @@ class _Built:
     def made(self, method: MethodConfig, slot: str) -> Any:
         """The component built for ``method``'s ``slot``, ``None`` when none was."""
         return self._made.get((id(method), slot))
+
+
+class Needed(NamedTuple):
+    """One capability a block needs of its host: the config ``key`` the refusal names, the ``capability`` and
+    what for (``need``)."""
+
+    key: str
+    capability: str
+    need: Need
+
+
+#: What ``dataflex.refill`` needs of a host.
+REFILL_NEEDS = {"refill": Need("dynamic sampling with refill generates more prompts within a step",
+                               instead="remove dataflex.refill")}
+
+
+def method_needs(method: MethodConfig, scorer: type[Scorer], actuator: type[Actuator], key: str) -> list[Needed]:
+    """The capabilities one method needs (its mechanism's :meth:`~dataflex_bus.mechanisms.Mechanism.needs`)."""
+    return [Needed(f"{key}.{need.at}", capability, need)
+            for capability, need in mechanism(method.mechanism).needs(method, scorer, actuator).items()]
+
+
+def refill_needs(key: str = "dataflex") -> list[Needed]:
+    """The capabilities ``dataflex.refill`` needs."""
+    return [Needed(f"{key}.refill", capability, need) for capability, need in REFILL_NEEDS.items()]
+
+
+def block_needs(config: DataflexConfig, key: str = "dataflex") -> list[Needed]:
+    """Every capability a validated block (:func:`validate`'s result) needs of its host: its methods' and
+    ``dataflex.refill``'s."""
+    needed = refill_needs(key) if config.refill is not None else []
+    for method, mkey in zip(config.methods, method_keys(config, key)):
+        if method.resolved is None:
+            raise ValueError(f"{mkey} is not resolved: pass the config validate() returned")
+        scorer, actuator = method.resolved.scorer.load(), method.resolved.actuator.load()
+        assert issubclass(scorer, Scorer) and issubclass(actuator, Actuator)
+        needed.extend(method_needs(method, scorer, actuator, mkey))
+    return needed
+
+
+def refuse_lacking(host: HostDescription, needed: Iterable[Needed]) -> list[ConfigIssue]:
+    """The refusal of each capability in ``needed`` that ``host`` lacks, naming the host, the capability and the
+    host's reason (:meth:`HostDescription.why_not`)."""
+    return [ConfigIssue(n.key, f"{n.need.why}, which host {host.name!r} cannot carry out: it lacks {n.capability}"
+                        f"{host.why_not(n.capability)}" + (f"; {n.need.instead}" if n.need.instead else ""))
+            for n in needed if not host.can(n.capability)]
 
 
 def method_event(mechanism_name: str, scorer_cls: type[Scorer], actuator_cls: type[Actuator]) -> str:
@@ -182,6 +229,7 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
         issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout (before generation); "
                                   f"mechanism {method.mechanism!r} cannot act there (only "
                                   f"{', '.join(m.name for m in mechanisms() if m.before_generation)} can)"))
+    issues.extend(refuse_lacking(host, method_needs(method, s_cls, a_cls, key)))
     issues.extend(mech.check(method, s_cls, a_cls, host, key))
     event = mech.event(s_cls, a_cls)
     needs: list[tuple[str, type[Scorer] | type[Actuator], str]] = [
@@ -244,9 +292,9 @@ def _check_refill(cfg: DataflexConfig, host: HostDescription, key: str) -> list[
     refill = cfg.refill
     if refill is None:
         return []
-    if not host.can("refill"):
-        return [ConfigIssue(f"{key}.refill", f"host {host.name!r} cannot generate more prompts within a step"
-                            f"{host.why_not('refill')}; remove dataflex.refill")]
+    refused = refuse_lacking(host, refill_needs(key))
+    if refused:
+        return refused
     issues = []
     for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
         if not mechanism(method.mechanism).refill_compatible:

@@ -5,24 +5,24 @@ step's ``prompts x group_size``) by what it expects to learn from each prompt: f
 (the prompt's history) it acts at ``on_prompts`` and returns one count per candidate (Knapsack RL); fed a
 ``post_reward`` score it acts at ``on_rollout`` after each generation round and returns how many more
 rollouts each group gets, appended to the same group in a continuation round (SPEED), and which groups go
-on. The bus checks every count (:class:`~dataflex_bus.carry.CountRules`: the budget, ``min_n``, ``max_n``,
+on. The bus checks every count (:class:`CountRules`, :func:`check_counts`: the budget, ``min_n``, ``max_n``,
 never a group of one unless the allocator allows it) and the host kit carries them out
 (:mod:`dataflex_bus.steps`); a host must be able to generate ragged groups (capability ``ragged_groups``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ..components import Actuator, Allocation, Allocator, Budget, Scorer
 from ..errors import BatchFieldError, ConfigIssue
-from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
+from .base import Mechanism, MethodRun, MethodSettings, Need, latest_event, timing_after
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from ..batch import Batch
-    from ..carry import CountRules
     from ..decision import Decision
     from ..host import HostDescription
 
@@ -52,21 +52,20 @@ class Allocate(Mechanism):
             out["on_rollout"] = "fed a post_reward score: continuation counts per group"
         return out
 
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        out: dict[str, Need] = {"ragged_groups": Need("allocates rollouts per prompt", instead=ALTERNATIVE)}
+        if latest_event(scorer.timing, actuator.min_timing) == "on_prompts":
+            out["prompt_selection"] = Need("allocates before generation (on_prompts)", at="scorer.name")
+        return out
+
     def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
               key: str) -> list[ConfigIssue]:
         issues = []
         sname, aname = method.scorer.name, method.actuator.name
         event = latest_event(scorer.timing, actuator.min_timing)
-        if not host.can("ragged_groups"):
-            issues.append(ConfigIssue(f"{key}.mechanism", f"allocates rollouts per prompt, which host {host.name!r} "
-                                      f"cannot carry out{host.why_not('ragged_groups')} (it lacks ragged_groups); "
-                                      f"{ALTERNATIVE}"))
         if event == "on_prompts" and scorer.needs_groups:
             issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs pre_rollout but needs groups of "
                                       "rollouts, which do not exist before generation"))
-        if event == "on_prompts" and not host.can("prompt_selection"):
-            issues.append(ConfigIssue(f"{key}.scorer.name", f"allocates before generation (on_prompts), which host "
-                                      f"{host.name!r} cannot do{host.why_not('prompt_selection')}"))
         if event == "on_rollout" and getattr(actuator, "rounds", 1) < 2:
             issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {sname!r} runs {scorer.timing}, after the "
                                       f"rollouts {actuator.kind} {aname!r} allocates before generation; pair it with "
@@ -77,8 +76,6 @@ class Allocate(Mechanism):
         return issues
 
     def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:
-        from ..carry import check_counts
-
         view, score, dropped = run.score(batch, step, decision.metrics)
         actuator = run.actuator
         assert isinstance(actuator, Allocator)
@@ -110,7 +107,6 @@ class Allocate(Mechanism):
         """``on_rollout``: continuation counts per row (the group's), the groups that go on."""
         import torch
 
-        from ..carry import check_counts
         from .select import _check_whole_groups
 
         actuator = run.actuator
@@ -134,7 +130,7 @@ class Allocate(Mechanism):
 
 
 def _first(batch: Batch) -> Tensor:
-    from ..carry import first_group
+    from ..batch import first_group
 
     return first_group(batch) & batch.valid_rows
 
@@ -157,9 +153,63 @@ def rules_of(actuator: Allocator, budget: Budget, *, before_generation: bool,
              key: str = "actuator.params") -> CountRules:
     """The rules an allocator's counts must follow at ``budget``; the budget itself binds the counts made
     before generation (a continuation adds to what was generated, bounded by ``max_n`` per group)."""
-    from ..carry import CountRules
 
     total = budget.rollouts if before_generation else None
     return CountRules(total=total, exact=bool(actuator.exact_budget), min_n=int(actuator.min_n),
                       max_n=int(actuator.max_n), who=actuator.who, key=key)
 
+
+@dataclass(frozen=True)
+class CountRules:
+    """What the bus checks on an allocator's counts (allocation.md 6.1): at ``on_prompts`` their sum against
+    the budget ``total`` (``== total`` when ``exact``, else ``<=``); every non-zero count (at ``on_rollout``:
+    every group's size after its continuation) in ``[min_n, max_n]``. ``who`` names the allocator and ``key``
+    its parameters in every refusal."""
+
+    total: int | None
+    exact: bool
+    min_n: int
+    max_n: int
+    who: str = "allocator"
+    key: str = "actuator.params"
+
+
+def check_counts(counts: Tensor, batch: Batch, rules: CountRules, *, sizes: Tensor | None = None) -> Tensor:
+    """``counts`` (one per row of ``batch``) as long, checked: integers ``>= 0``, 0 on padding rows, each
+    non-zero count (plus the row's current group size ``sizes``, for a continuation) within
+    ``[min_n, max_n]``, and their sum within the budget (unless every count is 0: an empty selection, which
+    the method's ``on_empty`` decides). Raises :class:`BatchFieldError` naming the
+    allocator, the offending rows and the bound's parameter."""
+    import torch
+
+    who = rules.who
+    if not isinstance(counts, torch.Tensor) or counts.dtype == torch.bool or counts.is_floating_point() \
+            or counts.is_complex():
+        got = counts.dtype if isinstance(counts, torch.Tensor) else type(counts).__name__
+        raise BatchFieldError(who, "counts", f"expected an integer tensor of rollout counts, got {got}")
+    if tuple(counts.shape) != (len(batch),):
+        raise BatchFieldError(who, "counts", f"expected one count per row, shape ({len(batch)},), "
+                              f"got {tuple(counts.shape)}")
+    counts = counts.to(torch.long)
+    real = batch.valid_rows
+    if bool((counts < 0).any()):
+        rows = torch.nonzero(counts < 0).flatten()[:5].tolist()
+        raise BatchFieldError(who, "counts", f"negative counts on rows {rows}")
+    if bool((counts[~real] != 0).any()):
+        raise BatchFieldError(who, "counts", "padding rows must get 0 rollouts")
+    total = counts if sizes is None else counts + sizes
+    given = counts > 0
+    for bad, bound, name in ((given & (total > rules.max_n), rules.max_n, "max_n"),
+                             (given & (total < rules.min_n), rules.min_n, "min_n")):
+        if bool(bad.any()):
+            rows = torch.nonzero(bad).flatten()[:5].tolist()
+            what = "group sizes after the continuation" if sizes is not None else "counts"
+            raise BatchFieldError(who, "counts", f"{what} {total[bad][:5].tolist()} on rows {rows} break "
+                                  f"{name}={bound} ({rules.key}.{name})")
+    if rules.total is not None and bool(given.any()):  # nothing at all is an empty selection (on_empty)
+        spent = int(counts.sum())
+        if (spent != rules.total) if rules.exact else (spent > rules.total):
+            relation = "exactly" if rules.exact else "at most"
+            raise BatchFieldError(who, "counts", f"allocated {spent} rollouts; the budget is {relation} "
+                                  f"{rules.total} ({rules.key}.budget, exact_budget={rules.exact})")
+    return counts

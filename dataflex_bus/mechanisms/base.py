@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from ..components import TIMINGS, Actuator, Scorer
 
@@ -28,6 +28,17 @@ def latest_event(*timings: str) -> str:
 def timing_after(timing: str, other: str) -> bool:
     """True when ``timing`` comes later in the step than ``other``."""
     return _TIMING_ORDER.index(timing) > _TIMING_ORDER.index(other)
+
+
+class Need(NamedTuple):
+    """What a method needs a host capability for (the value of :meth:`Mechanism.needs`): ``why``, said in the
+    refusal on a host lacking it (``"selects prompts before generation (on_prompts)"``); ``at``, the part of the
+    method's config the refusal names (``mechanism``, ``scorer.name``, ``actuator.name``); ``instead``, what
+    to do on such a host (empty: nothing to offer)."""
+
+    why: str
+    at: str = "mechanism"
+    instead: str = ""
 
 
 class ComponentName(Protocol):
@@ -125,6 +136,12 @@ class Mechanism:
     def event(self, scorer: type[Scorer], actuator: type[Actuator]) -> str:
         """The bus event a method acts at: the latest of its scorer's timing and its actuator's earliest."""
         return latest_event(scorer.timing, actuator.min_timing)
+
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        """The host capabilities (keys of :data:`~dataflex_bus.host.CAPABILITIES`) one method needs, each with
+        what for: validation refuses the method on a host lacking one, with the host's own reason, and the
+        host contract suite skips the cases needing it there."""
+        return {}
 
     def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
               key: str) -> list[ConfigIssue]:

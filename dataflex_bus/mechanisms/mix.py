@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..components import Actuator, Mixer, Scorer
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
-from .base import Mechanism, MethodRun, MethodSettings
+from .base import Mechanism, MethodRun, MethodSettings, Need
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from ..batch import Batch
     from ..decision import Decision
-    from ..host import HostDescription
 
 log = logging.getLogger("dataflex_bus")
 
@@ -42,12 +41,9 @@ class Mix(Mechanism):
     def events(self, actuator: type[Actuator]) -> dict[str, str]:
         return {"on_step_end": "statistics updated after each step; probabilities used for the next prompts"}
 
-    def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
-              key: str) -> list[ConfigIssue]:
-        if not host.can("domain_sampling"):
-            return [ConfigIssue(f"{key}.mechanism", f"host {host.name!r} cannot draw prompts by domain "
-                                f"probabilities{host.why_not('domain_sampling')}")]
-        return []
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        return {"domain_sampling": Need(f"mechanism {self.name!r} draws the next prompts by the domain "
+                                        "probabilities its mixer publishes")}
 
     def check_domains(self, actuator: Actuator, domains: Sequence[str]) -> list[ConfigIssue]:
         """Rules that join a mixer's parameters and the configured domains (a floor times K, proportions

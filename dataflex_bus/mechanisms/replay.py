@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from ..components import Actuator, Replayer, Scorer
 from ..decision import ReplayDecision
 from ..errors import BatchFieldError, ConfigIssue
-from .base import Mechanism, MethodRun, MethodSettings
+from .base import Mechanism, MethodRun, MethodSettings, Need
 
 if TYPE_CHECKING:
     from ..batch import Batch
@@ -44,6 +44,9 @@ class Replay(Mechanism):
         return {"on_advantage": "stores the step's fresh rows; stored rows join a later step before its old "
                                 "log-probs"}
 
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        return {"replay": Need(f"mechanism {self.name!r} adds stored rows to a step before its old log-probs")}
+
     def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
               key: str) -> list[ConfigIssue]:
         issues = []
@@ -54,10 +57,6 @@ class Replay(Mechanism):
             issues.append(ConfigIssue(f"{key}.scorer.name", f"a replay priority is one value per stored row; scorer "
                                       f"{method.scorer.name!r} gives {scorer.granularity}-level scores",
                                       ["prompt", "response"]))
-        if not host.can("replay"):
-            issues.append(ConfigIssue(f"{key}.mechanism", f"host {host.name!r} cannot add stored rows to a step "
-                                      f"before its old log-probs{host.why_not('replay')}, so mechanism 'replay' "
-                                      "cannot run there"))
         return issues
 
     def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:

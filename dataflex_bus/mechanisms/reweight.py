@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..components import Actuator, Reweighter, Scorer
 from ..errors import ConfigIssue
-from .base import Mechanism, MethodRun, MethodSettings
+from .base import Mechanism, MethodRun, MethodSettings, Need
 
 if TYPE_CHECKING:
     from ..batch import Batch
@@ -32,16 +32,15 @@ class Reweight(Mechanism):
     def events(self, actuator: type[Actuator]) -> dict[str, str]:
         return {"on_advantage": ""}
 
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        return {"loss_weights": Need(f"mechanism {self.name!r} multiplies per-token weights into the loss")}
+
     def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
               key: str) -> list[ConfigIssue]:
         issues = []
         if scorer.timing == "post_update":
             issues.append(ConfigIssue(f"{key}.scorer.name", f"scorer {method.scorer.name!r} runs post_update, after "
                                       "the loss it would reweight"))
-        if not host.can("loss_weights"):
-            issues.append(ConfigIssue(f"{key}.mechanism", f"host {host.name!r} does not multiply per-token weights "
-                                      f"into its loss{host.why_not('loss_weights')}, so mechanism 'reweight' would "
-                                      "change nothing"))
         return issues
 
     def apply(self, run: MethodRun, batch: Batch, step: int, decision: Decision) -> None:

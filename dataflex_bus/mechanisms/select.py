@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..components import Actuator, Scorer, Selection, Selector
 from ..errors import BatchFieldError, ConfigIssue
-from .base import Mechanism, MethodRun, MethodSettings, latest_event, timing_after
+from .base import Mechanism, MethodRun, MethodSettings, Need, latest_event, timing_after
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -64,6 +64,16 @@ class Select(Mechanism):
             out["on_advantage"] = ""
         return out
 
+    def needs(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator]) -> dict[str, Need]:
+        out: dict[str, Need] = {}
+        if scorer.timing == "pre_rollout" and self.event(scorer, actuator) == "on_prompts":
+            out["prompt_selection"] = Need("selects prompts before generation (on_prompts)", at="scorer.name",
+                                           instead="select after the rollouts instead")
+        if _selects_tokens(actuator):
+            out["loss_weights"] = Need(f"{actuator.kind} {method.actuator.name!r} selects tokens through per-token "
+                                       "loss weights", at="actuator.name")
+        return out
+
     def check(self, method: MethodSettings, scorer: type[Scorer], actuator: type[Actuator], host: HostDescription,
               key: str) -> list[ConfigIssue]:
         issues = []
@@ -79,10 +89,6 @@ class Select(Mechanism):
                     f"scorer {sname!r} runs pre_rollout, but {actuator.kind} {aname!r} can act no earlier than "
                     f"{actuator.min_timing} ({event}); pair a pre_rollout scorer with a selector that acts on its "
                     "score alone"))
-            elif not host.can("prompt_selection"):
-                issues.append(ConfigIssue(
-                    f"{key}.scorer.name", f"selects prompts before generation (on_prompts), which host {host.name!r} "
-                    f"cannot carry out{host.why_not('prompt_selection')}; select after the rollouts instead"))
         elif actuator.uses_history and any(f.startswith("history_") for f in actuator.requires):
             issues.append(ConfigIssue(f"{key}.scorer.name", f"{actuator.kind} {aname!r} selects prompts before "
                                       f"generation from their history; scorer {sname!r} runs {scorer.timing}: pair it "
@@ -90,7 +96,7 @@ class Select(Mechanism):
         if timing_after(scorer.timing, "post_advantage"):
             issues.append(ConfigIssue(f"{key}.scorer.name",
                                       f"scorer {sname!r} runs {scorer.timing}, after the update it would select for"))
-        issues.extend(_token_issues(scorer, actuator, host, key, sname, aname))
+        issues.extend(_token_issues(scorer, actuator, key, sname, aname))
         return issues
 
     def check_stack(self, entries: Sequence[tuple[str, type[Actuator]]]) -> list[ConfigIssue]:
@@ -153,20 +159,16 @@ def _selects_tokens(actuator: type[Actuator]) -> bool:
     return issubclass(actuator, Selector) and actuator.selects_tokens
 
 
-def _token_issues(scorer: type[Scorer], actuator: type[Actuator], host: HostDescription, key: str, sname: str,
+def _token_issues(scorer: type[Scorer], actuator: type[Actuator], key: str, sname: str,
                   aname: str) -> list[ConfigIssue]:
-    """Token scores feed token selectors only; a token selection needs the host to weight the loss per token."""
-    issues = []
+    """Token scores feed token selectors only (a token selection needs the host's ``loss_weights``: see
+    :meth:`Select.needs`)."""
     # (A selector not accepting token scores at all is refused by the granularity check already.)
     if scorer.granularity == "token" and "token" in actuator.accepts and not _selects_tokens(actuator):
-        issues.append(ConfigIssue(f"{key}.actuator.name", f"scorer {sname!r} gives token-level scores, but "
-                                  f"{actuator.kind} {aname!r} keeps rows; feed it a row score, or use a token "
-                                  "selector (such as top_entropy)"))
-    if _selects_tokens(actuator) and not host.can("loss_weights"):
-        issues.append(ConfigIssue(f"{key}.actuator.name", f"{actuator.kind} {aname!r} selects tokens through "
-                                  f"per-token loss weights, which host {host.name!r} does not multiply into its "
-                                  f"loss{host.why_not('loss_weights')}"))
-    return issues
+        return [ConfigIssue(f"{key}.actuator.name", f"scorer {sname!r} gives token-level scores, but "
+                            f"{actuator.kind} {aname!r} keeps rows; feed it a row score, or use a token "
+                            "selector (such as top_entropy)")]
+    return []
 
 
 def _apply_tokens(run: MethodRun, batch: Batch, view: Batch, sel: Selection, step: int, decision: Decision,

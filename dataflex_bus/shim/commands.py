@@ -11,7 +11,7 @@ import math
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -26,10 +26,19 @@ from .regime import load_regime
 from .run import run_training
 
 
+def samples_domains(block: Mapping[str, Any] | None) -> bool:
+    """True when a method of the (validated) ``dataflex`` block publishes domain probabilities (a mixer), in a
+    stack too."""
+    from ..mechanisms import mechanism
+
+    methods = (block or {}).get("methods") or [block or {}]
+    return any(mechanism(m["mechanism"]).samples_domains for m in methods if "mechanism" in m)
+
+
 def _plot(metrics: list[dict[str, float]], resolved: dict[str, Any], path: Path, title: str) -> str:
-    block = resolved.get("dataflex") or {}
     try:
-        report.plot_run(metrics, resolved["data"]["domains"], path, title, mix=block.get("mechanism") == "mix")
+        report.plot_run(metrics, resolved["data"]["domains"], path, title,
+                        mix=samples_domains(resolved.get("dataflex")))
     except report.PlottingUnavailable as exc:
         return str(exc)
     return f"plot: {path}"

@@ -145,12 +145,14 @@ def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> lis
     """verl settings under which the block's methods would not do what they say; logs a warning for settings
     that weaken, but do not disable, a method."""
     from ..mechanisms import mechanism
+    from ..mechanisms.allocate import Allocate
+    from ..mechanisms.reweight import Reweight
 
     mechs = [mechanism(m.mechanism) for m in cfg.methods]
     issues: list[ConfigIssue] = []
     actor = "actor_rollout_ref.actor"
     loss_mode = str(select(config, f"{actor}.policy_loss.loss_mode", "vanilla"))
-    if any(m.name == "reweight" for m in mechs) and loss_mode in WEIGHT_COLLAPSING_LOSSES:
+    if any(isinstance(m, Reweight) for m in mechs) and loss_mode in WEIGHT_COLLAPSING_LOSSES:
         log.warning("dataflex: policy_loss.loss_mode=%s turns rollout_is_weights into one geometric mean per "
                     "sequence: per-token reweighting degrades to per-sequence weights", loss_mode)
     if loss_mode in WEIGHT_COLLAPSING_LOSSES:
@@ -186,7 +188,7 @@ def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> lis
                                       "prompts for a step's first round; the first round cannot be smaller",
                                       hint=f"leave it unset or set it to {train} or more"))
     issues.extend(replay_issues(config, cfg, key))
-    if verl_dapo and any(m.name == "allocate" for m in mechs):
+    if verl_dapo and any(isinstance(m, Allocate) for m in mechs):
         issues.append(ConfigIssue("algorithm.filter_groups.enable", "an allocation runs the step's generation rounds "
                                   "in dataflex's replay buffer, where verl's own filter_groups would not act",
                                   hint="set it to false and stack a dataflex dapo selector (with dataflex.refill "
@@ -213,11 +215,10 @@ def replay_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> li
     issues: list[ConfigIssue] = []
     rc = ROLLOUT_CORRECTION
     for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
-        if method.mechanism != "replay" or method.resolved is None:
+        if method.resolved is None or not issubclass(method.resolved.actuator.load(), Replayer):
             continue
         replayer = method.resolved.actuator.load()(**method.resolved.actuator_params)
-        if not isinstance(replayer, Replayer):
-            continue
+        assert isinstance(replayer, Replayer)
         settings = replayer.settings()
         where = f"{mkey}.actuator.params.correction={settings.correction}"
         rollout_is = select(config, f"{rc}.rollout_is")

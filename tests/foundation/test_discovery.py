@@ -291,3 +291,35 @@ def dataflex_register():
     finally:
         forget_modules("two_parts")
         reset_plugins()
+
+
+def test_a_pack_installed_and_built_in_place_on_the_path_is_one_plugin(tmp_path, monkeypatch):
+    """``pip install ./pack`` leaves ``src/*.egg-info`` in the source tree; with ``src`` on sys.path too the
+    distribution is seen twice, and must still provide its component once (no collision with itself)."""
+    module = {"egg_pack.plugin": """
+from dataflex_bus import hookimpl
+
+@hookimpl
+def dataflex_register(register):
+    register("selector", "egg_sel", "egg_pack.plugin:Sel")
+"""}
+    make_dist(tmp_path / "site", "dataflex-egg", "0.1.0", module, {"egg": "egg_pack.plugin"})
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "egg_pack").symlink_to(tmp_path / "site" / "egg_pack")
+    info = src / "dataflex_egg.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: dataflex-egg\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[dataflex]\negg = egg_pack.plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setenv("DATAFLEX_LOAD_PLUGINS", "dataflex-egg")
+    forget_modules("egg_pack")
+    reset_plugins()
+    try:
+        plugins = get_plugins()
+        assert [r.name for r in plugins.records if r.distribution == "dataflex-egg"] == ["egg"]
+        assert plugins.registry().resolve("actuator", "egg_sel").provider == "dataflex-egg"
+    finally:
+        reset_plugins()
+        forget_modules("egg_pack")

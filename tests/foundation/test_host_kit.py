@@ -76,13 +76,33 @@ def test_a_field_the_host_lacks_is_refused_naming_the_host_and_why(register):
                       "actuator": {"name": "advantage_reweight"}}, "dataflex.mechanism"),
     ("ragged_groups", {"mechanism": "allocate", "scorer": {"name": "knapsack_rate"},
                        "actuator": {"name": "knapsack"}}, "dataflex.mechanism"),
+    ("replay", {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+                "actuator": {"name": "rollout_replay"}}, "dataflex.mechanism"),
+    ("loss_weights", {"mechanism": "select", "scorer": {"name": "token_entropy"},
+                      "actuator": {"name": "top_entropy"}}, "dataflex.actuator.name"),
 ])
 def test_a_capability_the_host_lacks_is_refused_naming_the_host(capability, block, key):
     host = ANY_HOST.replace(name="lab", capabilities=frozenset(CAPABILITIES) - {capability},
                             missing={capability: "not built yet"})
     found = issues(block, host)
-    assert "host 'lab'" in found[key] and "not built yet" in found[key], found
+    # one wording for every capability: what for, the host, the capability and the host's reason
+    assert f", which host 'lab' cannot carry out: it lacks {capability} (not built yet)" in found[key], found
     validate(block, host=ANY_HOST)
+
+
+def test_what_a_block_needs_of_its_host_comes_from_its_mechanisms_and_refill():
+    from dataflex_bus.validation import block_needs
+
+    knapsack = {"mechanism": "allocate", "scorer": {"name": "knapsack_rate"}, "actuator": {"name": "knapsack"}}
+    assert {(n.key, n.capability) for n in block_needs(validate(knapsack))} == {
+        ("dataflex.mechanism", "ragged_groups"), ("dataflex.scorer.name", "prompt_selection")}
+    stack = {"methods": [{**BAND, "name": "band"}, {"name": "w", "mechanism": "reweight",
+                                                    "scorer": {"name": "token_prob"},
+                                                    "actuator": {"name": "advantage_reweight"}}],
+             "refill": {"policy": "fixed"}}
+    assert {(n.key, n.capability) for n in block_needs(validate(stack))} == {
+        ("dataflex.refill", "refill"), ("dataflex.methods[1].mechanism", "loss_weights")}
+    assert block_needs(validate(BAND)) == []
 
 
 def test_refill_policies_the_host_lacks_are_refused_with_the_ones_it_has():

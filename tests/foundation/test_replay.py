@@ -323,7 +323,8 @@ def test_replay_is_refused_with_refill_and_on_a_host_without_the_capability():
         validate({**block(**DOTS), "refill": {"gen_batch_size": 8}})
     host = ANY_HOST.replace(name="tiny", capabilities=ANY_HOST.capabilities - {"replay"},
                             missing={"replay": "it has no old-log-prob pass"})
-    with pytest.raises(ConfigError, match=r"host .tiny. cannot add stored rows .* \(it has no old-log-prob pass\)"):
+    with pytest.raises(ConfigError, match=r"adds stored rows .* host .tiny. cannot carry out: it lacks replay "
+                                          r"\(it has no old-log-prob pass\)"):
         validate(block(**DOTS), host=host)
     with pytest.raises(ConfigError, match="one replayer"):
         validate({"methods": [{**block(**DOTS), "name": "a"}, {**block(**REPO), "name": "b"}]})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,50 +20,45 @@ TRL_REL = 1e-3
 
 @dataclass
 class Host:
-    """A host under contract: ``run(block, world, batch=, steps=, tmp_path=)`` -> step records,
-    ``description()``, and ``lacking()``: ``(capability, description)`` of configurations lacking one; ``rel``:
-    the relative tolerance of its advantage-derived values against the shim's (0: the suite's absolute ones)."""
+    """A host under contract: ``run(block, world, batch=, steps=, tmp_path=)`` -> step records and
+    ``description(settings)``: the host's description under its framework ``settings`` (``None``: the suite's
+    own). ``configurations``: other settings of the host, each described for the refusal cases (what each lacks
+    is read from its description, never listed here). ``rel``: the relative tolerance of its advantage-derived
+    values against the shim's (0: the suite's absolute ones)."""
 
     name: str
     module: Any
-    lacks: Any
+    configurations: list[Any] = field(default_factory=list)
     rel: float = 0.0
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         return self.module.run(*args, **kwargs)
 
-    def description(self) -> Any:
-        return self.module.description()
+    def description(self, settings: Any = None) -> Any:
+        return self.module.description() if settings is None else self.module.description(settings)
 
-    def lacking(self) -> list[tuple[str, Any]]:
-        found = self.lacks()
-        if not found:
-            pytest.skip(f"host {self.name!r} has every capability")
-        return found
+    def descriptions(self) -> list[Any]:
+        """The suite's description of the host, then one per other configuration."""
+        return [self.description(), *(self.description(c) for c in self.configurations)]
 
 
 def _shim() -> Host:
     import shim_host
 
-    return Host("shim", shim_host, lambda: [])
+    return Host("shim", shim_host)
 
 
 def _verl() -> Host:
     import verl_host
 
-    return Host("verl", verl_host, lambda: [
-        ("refill", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
-        ("loss_weights", verl_host.description(["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"])),
-        ("replay", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
-        ("ragged_groups", verl_host.description(["trainer.v1.trainer_mode=dataflex_colocate_async"])),
-    ])
+    return Host("verl", verl_host, [["trainer.v1.trainer_mode=dataflex_colocate_async"],
+                                    ["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]])
 
 
 def _trl() -> Host:
     import trl_host
 
-    return Host("trl", trl_host, lambda: [("replay", trl_host.description()),
-                                           ("ragged_groups", trl_host.description())], rel=TRL_REL)
+    return Host("trl", trl_host, rel=TRL_REL)
 
 
 HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq]), "trl": (_trl, [pytest.mark.trl])}

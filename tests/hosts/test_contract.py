@@ -273,14 +273,22 @@ CASES: dict[str, Case] = {
 }
 
 
-#: The capability a mechanism needs beyond what every host carries out.
-CAPABILITY_OF_MECHANISM = {"replay": "replay", "allocate": "ragged_groups"}
-
-
 def needs(block: dict[str, Any] | None) -> set[str]:
-    """The capabilities a case's block needs of its host (by its methods' mechanisms)."""
-    methods = [] if block is None else block.get("methods", [block])
-    return {CAPABILITY_OF_MECHANISM[m["mechanism"]] for m in methods if m["mechanism"] in CAPABILITY_OF_MECHANISM}
+    """The capabilities a case's block needs of its host: its mechanisms' needs and ``dataflex.refill``'s, as
+    validation derives them (no map of the suite's own)."""
+    from dataflex_bus.validation import block_needs, validate
+
+    return set() if block is None else {n.capability for n in block_needs(validate(block))}
+
+
+def skipped(description: Any) -> dict[str, list[str]]:
+    """The cases a host of ``description`` skips, each with the capabilities it lacks for them."""
+    out = {}
+    for name, case in CASES.items():
+        lacking = sorted(needs(case.block) - description.capabilities)
+        if lacking:
+            out[name] = lacking
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -333,13 +341,13 @@ def assert_same(records: list[StepRecord], reference: list[StepRecord], host: st
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_same_decisions_are_carried_out_the_same_way(host, case, reference, tmp_path, monkeypatch):
     c = CASES[case]
+    lacking = sorted(needs(c.block) - host.description().capabilities)
+    if lacking:  # its refusal: test_every_capability_the_host_lacks_is_refused_naming_the_host
+        pytest.skip(f"host {host.name!r} lacks {lacking}")
     want = reference(case)
     if host.name == "shim":
         c.expect(want)
         return
-    lacking = sorted(needs(c.block) - host.description().capabilities)
-    if lacking:  # its refusal: test_every_capability_the_host_lacks_is_refused_naming_the_host
-        pytest.skip(f"host {host.name!r} lacks {lacking}")
     got = host.run(c.block, c.world, batch=c.batch, steps=c.steps, tmp_path=tmp_path,
                    settings=c.settings.get(host.name, []))
     monkeypatch.setattr(sys.modules[__name__], "REL", host.rel)
@@ -375,19 +383,59 @@ def test_a_field_the_host_lacks_is_refused_naming_the_host(host, register):
 
 def test_every_capability_the_host_lacks_is_refused_naming_the_host(host):
     from dataflex_bus.errors import ConfigError
-    from dataflex_bus.host import CAPABILITIES
     from dataflex_bus.validation import validate
 
-    blocks = {
-        "prompt_selection": CASES["prompts-greso"].block,
-        "refill": CASES["refill-fixed"].block,
-        "domain_sampling": CASES["mix"].block,
-        "loss_weights": CASES["reweight"].block,
-        "replay": CASES["replay-dots"].block,
-        "ragged_groups": CASES["allocate-knapsack"].block,
-    }
-    assert set(blocks) == set(CAPABILITIES)
-    for capability, description in host.lacking():
-        with pytest.raises(ConfigError) as err:
-            validate(blocks[capability], host=description)
-        assert f"host {description.name!r}" in str(err.value), capability
+    refused = set()
+    for description in host.descriptions():
+        for case, lacking in skipped(description).items():
+            with pytest.raises(ConfigError) as err:
+                validate(CASES[case].block, host=description)
+            message = str(err.value)
+            for capability in lacking:
+                assert f"host {description.name!r} cannot carry out: it lacks {capability}" in message, case
+            refused.update(lacking)
+    if not refused:
+        pytest.skip(f"host {host.name!r} has every capability")
+
+
+def test_every_capability_is_needed_by_a_case():
+    """So a host lacking any capability has a case whose refusal is tested."""
+    from dataflex_bus.host import CAPABILITIES
+
+    assert set().union(*(needs(c.block) for c in CASES.values())) == set(CAPABILITIES)
+
+
+class FourthHost:
+    """A host the suite has never seen: every capability but ``lacks``; running a case records it."""
+
+    rel = 0.0
+
+    def __init__(self, lacks: set[str]) -> None:
+        from dataflex_bus.host import ANY_HOST
+
+        self.name = "fourth"
+        self._description = ANY_HOST.replace(name="fourth", capabilities=ANY_HOST.capabilities - lacks)
+        self.ran: list[dict[str, Any] | None] = []
+
+    def description(self) -> Any:
+        return self._description
+
+    def run(self, block: dict[str, Any] | None, *args: Any, **kwargs: Any) -> list[StepRecord]:
+        self.ran.append(block)
+        raise RuntimeError("ran")
+
+
+def test_a_host_lacking_a_capability_skips_the_cases_that_need_it_and_runs_the_rest(monkeypatch):
+    host = FourthHost({"domain_sampling"})
+    assert skipped(host.description()) == {"mix": ["domain_sampling"]}
+    with pytest.raises(pytest.skip.Exception, match=r"host 'fourth' lacks \['domain_sampling'\]"):
+        test_the_same_decisions_are_carried_out_the_same_way(host, "mix", None, None, monkeypatch)
+    with pytest.raises(RuntimeError, match="ran"):  # a case it can carry out runs
+        test_the_same_decisions_are_carried_out_the_same_way(host, "reweight", lambda case: [], None, monkeypatch)
+    assert host.ran == [CASES["reweight"].block]
+    # prompt selection: the on_prompts selections and allocations; refill: its three policies
+    assert skipped(FourthHost({"prompt_selection", "refill"}).description()) == {
+        "prompts-greso": ["prompt_selection"], "prompts-mopps": ["prompt_selection"],
+        "allocate-knapsack": ["prompt_selection"], "allocate-knapsack-skip": ["prompt_selection"],
+        "refill-fixed": ["refill"], "refill-credit2": ["refill"], "refill-greso": ["refill"]}
+    assert skipped(FourthHost(set()).description()) == {}

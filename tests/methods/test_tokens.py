@@ -255,7 +255,8 @@ def test_token_scores_feed_token_selectors_only_and_need_loss_weights():
     with pytest.raises(ConfigError, match="token-level"):
         validate({"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "top_entropy"}})
     host = ANY_HOST.replace(name="lab", capabilities=ANY_HOST.capabilities - {"loss_weights"})
-    with pytest.raises(ConfigError, match="host 'lab' does not multiply"):
+    with pytest.raises(ConfigError, match="selects tokens through per-token loss weights, which host 'lab' "
+                                         "cannot carry out: it lacks loss_weights"):
         validate(block(), host=host)
     assert validate(block()).methods[0].resolved.event == "on_advantage"
 

@@ -95,11 +95,13 @@ def test_the_seed_quick_start_and_the_stack_example_run_unchanged():
     assert logged["dataflex/ar/weight_mean"] == m["dataflex/ar/weight_mean"]
 
 
-def test_the_gfpo_pack_runs_in_trl(register):
-    """contrib/dataflex-gfpo: the k shortest of each group kept, advantages recomputed over them."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "contrib" / "dataflex-gfpo" / "src"))
+def test_the_gfpo_pack_runs_in_trl(register, dataflex_plugin_env, monkeypatch):
+    """contrib/dataflex-gfpo: the k shortest of each group kept, advantages recomputed over them. The pack's
+    source is registered in-process beside the first-party packs only: an installed dataflex-gfpo (or the
+    ``src/*.egg-info`` that building it in place leaves, a distribution once ``src`` is on sys.path) would
+    otherwise provide a second ``gfpo``."""
+    monkeypatch.syspath_prepend(str(ROOT / "contrib" / "dataflex-gfpo" / "src"))
+    dataflex_plugin_env(load=["dataflex-bus"])
     register("selector", "gfpo", "dataflex_gfpo.selector:GFPO")
     block = {"mechanism": "select", "scorer": {"name": "reward_difficulty"},
              "actuator": {"name": "gfpo", "params": {"metric": "length", "k": 2}}}

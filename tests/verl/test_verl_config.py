@@ -90,7 +90,8 @@ def test_allocation_needs_the_sync_trainer_and_its_own_group_filter(data, tmp_pa
 
     _, trainer = build(data, tmp_path, KNAPSACK)
     assert trainer.dataflex.host.can("ragged_groups")
-    with pytest.raises(ConfigError, match=r"host 'verl'.*dataflex_sync.*ragged_groups.*pre_rollout selector"):
+    with pytest.raises(ConfigError, match=r"host 'verl' cannot carry out: it lacks ragged_groups .*dataflex_sync.*"
+                       r"pre_rollout selector"):
         build(data, tmp_path, [*KNAPSACK, "trainer.v1.trainer_mode=dataflex_colocate_async"])
     with pytest.raises(ConfigError, match=r"algorithm.filter_groups.enable.*dapo selector"):
         build(data, tmp_path, [*KNAPSACK, "algorithm.filter_groups.enable=true"])

@@ -67,7 +67,8 @@ def test_behaviour_replay_refuses_verls_importance_weights_on_top():
 def test_replay_needs_the_rollout_log_probs_the_sync_trainer_and_no_verl_dapo():
     assert "calculate_log_probs=false" in issues([*REPO, "actor_rollout_ref.rollout.calculate_log_probs=false"])
     message = issues([*REPO, "trainer.v1.trainer_mode=dataflex_colocate_async"])
-    assert "host 'verl' cannot add stored rows" in message and "trainer.v1.trainer_mode=dataflex_sync" in message
+    assert "host 'verl' cannot carry out: it lacks replay" in message
+    assert "trainer.v1.trainer_mode=dataflex_sync" in message
     assert "algorithm.filter_groups.enable" in issues([*REPO, "algorithm.filter_groups.enable=True"])
 
 
