@@ -49,18 +49,18 @@ class WorldShim(ShimTrainer):
         if runtime.needs_prompt_ids:
             runtime.set_prompts(PromptTable.from_labels(labels, [r for _, r in self.prompts],
                                                         column="extra_info.index"))
-        self.sampler = None
+        self.domain_sampler = None
         if runtime.mixes:
             from dataflex_bus.sampler import DomainSampler
 
-            self.sampler = DomainSampler(labels, domains=runtime.configured_domains, seed=SEED)
-            self.domains = self.sampler.domains
+            self.domain_sampler = DomainSampler(labels, domains=runtime.configured_domains, seed=SEED)
+            self.domains = self.domain_sampler.domains
             runtime.set_domains(self.domains)
         self.updates: list[Batch] = []
 
     def _candidates(self, probs: torch.Tensor, n: int) -> Candidates[torch.Tensor]:
-        if self.sampler is not None:  # verl fetches one prompt at a time here (data.gen_batch_size=1)
-            rows = torch.cat([self.sampler.draw(1, probs)[0] for _ in range(n)])
+        if self.domain_sampler is not None:  # verl fetches one prompt at a time here (data.gen_batch_size=1)
+            rows = torch.cat([self.domain_sampler.draw(1, probs)[0] for _ in range(n)])
         else:  # verl's sequential dataloader, epoch after epoch
             rows = (torch.arange(self.cursor, self.cursor + n) % len(self.prompts))
             self.cursor += n
