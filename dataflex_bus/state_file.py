@@ -149,15 +149,16 @@ def check_format(path: str | os.PathLike[str], state: Mapping[str, Any], what: s
 
 def restore(path: str | os.PathLike[str], state: Mapping[str, Any],
             loaders: Mapping[str, Callable[[Any], None]], fresh: str) -> None:
-    """Hand each entry of ``state`` to its loader, in order; a missing entry, or one its loader cannot take
-    (a state of another block, a damaged value), is refused naming the file and the entry."""
+    """Hand each entry of ``state`` to its loader, in order; a missing entry, or one its loader cannot take (a
+    damaged value), is refused naming the file and the entry. A loader's own refusal (a
+    :class:`~dataflex_bus.errors.DataflexError`: the checkpoint of another block, say) passes unchanged."""
     for entry, load in loaders.items():
         if entry not in state:
             raise CheckpointError(f"{path}: entry {entry!r} is missing (the file holds {sorted(state)}); {fresh}")
         try:
             load(state[entry])
-        except DataflexError as exc:
-            raise CheckpointError(f"{path}: entry {entry!r}: {exc}") from exc
+        except DataflexError:
+            raise  # already says what does not fit (a checkpoint of another block, say) and what to do
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: entry {entry!r} does not fit this run ({type(exc).__name__}: {exc}); "
                                   f"{fresh}") from exc

@@ -79,13 +79,13 @@ from .. import __version__
 from ..batch import Batch
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..runtime import Runtime
-from ..sampler import DomainSampler
+from ..sampler import DomainSampler, domain_labels, prepare_prompts
 from ..steps import Candidates, Step, StepKit
 from .blocks import minibatch_blocks
 from .buffer import DataflexReplayBuffer
 from .guard import DATAFLEX_MODE_FOR
 from .host import describe
-from .prompts import candidate_ids, check_domain_column, dataset_prompt_table
+from .prompts import candidate_ids, dataset_prompt_table
 from .replay import fields_of, generated_fields, payload_of
 from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
 
@@ -651,17 +651,13 @@ class DataflexTrainer(PPOTrainer):
             with open_dict(self.config):
                 self.config.data.gen_batch_size = 1
         super()._init_dataloader()
-        if self.dataflex.needs_prompt_ids:
-            self.dataflex.set_prompts(dataset_prompt_table(self.train_dataset.dataframe, self.domain_key,
-                                                           self.config.data.get("prompt_key", "prompt")))
-        if not self.dataflex.mixes:
-            return
         frame = self.train_dataset.dataframe
-        check_domain_column(frame, self.domain_key)
         seed = self.config.data.get("seed", None)
-        self.domain_sampler = DomainSampler(list(frame[self.domain_key]), domains=self.dataflex.configured_domains,
-                                            seed=0 if seed is None else int(seed))
-        self.dataflex.set_domains(self.domain_sampler.domains)
+        labels = domain_labels(frame, self.domain_key, required=True) if self.dataflex.mixes else None
+        self.domain_sampler = prepare_prompts(
+            self.dataflex, lambda: dataset_prompt_table(frame, self.domain_key, self.config.data.get("prompt_key",
+                                                                                                   "prompt")),
+            labels=labels, seed=0 if seed is None else int(seed))
 
     def _fetch_one_gen_batch(self) -> TensorDict:
         """One ``gen_batch_size`` chunk of prompts drawn by the current domain probabilities."""
