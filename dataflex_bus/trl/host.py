@@ -131,19 +131,10 @@ def _replays_rounds(cfg: DataflexConfig) -> bool:
     """Whether TRL's method runs again on a step's kept rows (a method may drop rows at on_rollout, or
     refill runs): what the host does instead of generating them again."""
     from ..mechanisms import mechanism
-    from ..validation import method_event
 
-    if cfg.refill is not None:
-        return True
-    for method in cfg.methods:
-        if method.resolved is None:
-            continue
-        scorer: Any = method.resolved.scorer.load()
-        actuator: Any = method.resolved.actuator.load()
-        event = method_event(method.mechanism, scorer, actuator)
-        if event == "on_rollout" and (mechanism(method.mechanism).drops_rows or method.on_nonfinite == "drop"):
-            return True
-    return False
+    return cfg.refill is not None or any(
+        m.resolved is not None and m.resolved.event == "on_rollout"
+        and (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop") for m in cfg.methods)
 
 
 def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, dataset: Any = None,
