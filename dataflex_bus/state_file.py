@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from .errors import DataflexError
+from .errors import ConfigError, ConfigIssue, DataflexError
 
 log = logging.getLogger("dataflex_bus")
 
@@ -150,15 +150,19 @@ def check_format(path: str | os.PathLike[str], state: Mapping[str, Any], what: s
 def restore(path: str | os.PathLike[str], state: Mapping[str, Any],
             loaders: Mapping[str, Callable[[Any], None]], fresh: str) -> None:
     """Hand each entry of ``state`` to its loader, in order; a missing entry, or one its loader cannot take (a
-    damaged value), is refused naming the file and the entry. A loader's own refusal (a
-    :class:`~dataflex_bus.errors.DataflexError`: the checkpoint of another block, say) passes unchanged."""
+    damaged value), is refused naming the file and the entry. A loader's own refusal of the config (a
+    :class:`~dataflex_bus.errors.ConfigError`: the checkpoint of another block, say) keeps its type and keys,
+    each issue saying where it was read."""
     for entry, load in loaders.items():
         if entry not in state:
             raise CheckpointError(f"{path}: entry {entry!r} is missing (the file holds {sorted(state)}); {fresh}")
         try:
             load(state[entry])
-        except DataflexError:
-            raise  # already says what does not fit (a checkpoint of another block, say) and what to do
+        except ConfigError as exc:  # the checkpoint of another block, say: its issues, with where they were read
+            raise ConfigError([ConfigIssue(i.key, f"{i.message} (read from {path}, entry {entry!r})", i.allowed,
+                                           i.hint) for i in exc.issues]) from exc
+        except DataflexError as exc:
+            raise CheckpointError(f"{path}: entry {entry!r}: {exc}") from exc
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: entry {entry!r} does not fit this run ({type(exc).__name__}: {exc}); "
                                   f"{fresh}") from exc

@@ -90,12 +90,13 @@ def test_each_entry_is_named_when_missing_or_unfit(saved: Path):
         restore(saved, state, {"runtime": needs_history}, FRESH)
 
 
-def test_a_loader_s_own_refusal_passes_unchanged(saved: Path):
+def test_a_loader_s_own_config_refusal_keeps_its_keys_and_says_where_it_was_read(saved: Path):
     def refuse(value: object) -> None:
         raise ConfigError(ConfigIssue("dataflex", "the checkpoint has a block, this run has none"))
 
-    with pytest.raises(ConfigError, match="the checkpoint has a block"):
+    with pytest.raises(ConfigError, match="the checkpoint has a block") as err:
         restore(saved, read_state(saved, FRESH), {"runtime": refuse}, FRESH)
+    assert err.value.issues[0].key == "dataflex" and f"read from {saved}, entry 'runtime'" in str(err.value)
 
 
 def test_a_write_error_names_the_file(tmp_path: Path):
