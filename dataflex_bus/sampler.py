@@ -11,13 +11,17 @@ what an uninterrupted run would.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from .errors import ConfigError, ConfigIssue
+
+if TYPE_CHECKING:
+    from .history import PromptTable
+    from .runtime import Runtime
 
 
 class DomainSampler:
@@ -101,3 +105,34 @@ class DomainSampler:
         self.orders = [o.clone() for o in state["orders"]]
         self.positions = list(state["positions"])
         self.epochs = list(state["epochs"])
+
+
+def domain_labels(dataset: Any, key: str, *, required: bool,
+                  why: str = "a mixer samples by domain") -> list[str] | None:
+    """The ``key`` column of a training dataset (anything with ``column_names`` and ``dataset[key]``) as
+    strings; ``None`` when absent and not ``required`` (then every prompt is of one domain), else refused
+    naming ``dataflex.domain_key``, ``why`` the column is needed, and the columns there are."""
+    columns = list(getattr(dataset, "column_names", None) or [])
+    if key not in columns:
+        if required:
+            raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {key!r} is not in the training dataset; "
+                                          f"{why}", columns))
+        return None
+    return [str(x) for x in dataset[key]]
+
+
+def prepare_prompts(runtime: Runtime, table: Callable[[], PromptTable], *, labels: Sequence[str] | None = None,
+                    domains: Sequence[str] | None = None, seed: int = 0) -> DomainSampler | None:
+    """What every host does once its training prompts are known, before the first step: when a method mixes,
+    the domains it samples go to the runtime (a :class:`DomainSampler` over the rows' ``labels``, returned, or
+    the host's own ``domains`` when it samples by itself); when a method needs prompt ids, the prompt table
+    (``table()``, built only then)."""
+    sampler = None
+    if runtime.mixes:
+        if domains is None:
+            sampler = DomainSampler(labels or [], domains=runtime.configured_domains, seed=seed)
+            domains = sampler.domains
+        runtime.set_domains(domains)
+    if runtime.needs_prompt_ids:
+        runtime.set_prompts(table())
+    return sampler

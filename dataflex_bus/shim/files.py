@@ -11,12 +11,8 @@ the path.
 from __future__ import annotations
 
 import errno
-import hashlib
-import io
 import json
 import os
-import re
-import secrets
 import socket
 import sys
 import threading
@@ -26,9 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
+from .. import state_file
 from ..errors import DataflexError
+from ..state_file import TEMPORARY, discard, read_state
+from ..state_file import CheckpointError as CheckpointError  # the shim's readers raise it too
+from ..state_file import read_checked as read_checked  # the warm-start cache reads its entries with it
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -37,18 +35,9 @@ PLOT = "curves.png"
 LOCK = ".dataflex.lock"
 #: Files a run directory holds; ``--force`` removes exactly these, nothing else.
 RUN_FILES = (CHECKPOINT, METRICS, RECORD, PLOT)
-#: First line of a checkpoint file: the SHA-256 and size of the ``torch.save`` payload after it.
-CHECKPOINT_MAGIC = b"dataflex-checkpoint/1"
-
-
 class RunDirError(DataflexError):
     """The output directory cannot be used: it holds a run that would be overwritten, no run to resume,
     another run holds it, or it cannot be written."""
-
-
-class CheckpointError(DataflexError):
-    """A checkpoint, metrics file or run record cannot be read, is damaged, or was written by a different
-    config."""
 
 
 def io_error(path: Path, exc: OSError, doing: str) -> RunDirError:
@@ -64,33 +53,12 @@ def io_error(path: Path, exc: OSError, doing: str) -> RunDirError:
 
 # ---------------------------------------------------------------------------- atomic writes
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write through a uniquely named temporary file in the same directory, then rename over ``path``.
-
-    The name is unique per process and call, so two writers never share a temporary file; a failure
-    removes it. Raises :class:`RunDirError` naming ``path`` on any ``OSError``.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    """:func:`~dataflex_bus.state_file.atomic_write` (a temporary file, then a rename): a crash, or a second
+    writer, never leaves a half-written file. Raises :class:`RunDirError` naming ``path`` on any ``OSError``."""
     try:
-        # O_EXCL: never reuse whatever is at that name; the mode leaves the umask to the OS (as open()).
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        state_file.atomic_write(path, write)
     except OSError as exc:
         raise io_error(path, exc, "write") from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        _discard(tmp)
-        raise io_error(path, exc, "write") from exc
-    except BaseException:
-        _discard(tmp)
-        raise
-
-
-#: The temporary names :func:`atomic_write_bytes` uses: ``.NAME.PID.RANDOM.tmp``.
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 
 
 def _writer_alive(pid: int) -> bool:
@@ -114,16 +82,9 @@ def remove_stale_temporaries(out: Path) -> None:
     except OSError:
         return
     for entry in entries:
-        found = _TEMPORARY.match(entry.name)
+        found = TEMPORARY.match(entry.name)
         if found is not None and entry.is_file(follow_symlinks=False) and not _writer_alive(int(found["pid"])):
-            _discard(Path(entry.path))
-
-
-def _discard(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
+            discard(Path(entry.path))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -154,60 +115,15 @@ def save_checkpoint(state: dict[str, Any], out: Path) -> None:
 
 def write_checked(path: Path, state: Any) -> None:
     """``torch.save(state)`` to ``path`` atomically, behind the checksum header :func:`read_checked` verifies."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getbuffer()
-    header = CHECKPOINT_MAGIC + f" sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n".encode()
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(header)
-        fh.write(payload)
-
-    atomic_write_bytes(path, write)
+    state_file.write_checked(path, state, atomic=atomic_write_bytes)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`; refuses a missing, truncated or altered one."""
     if not path.exists():
         raise RunDirError(f"{path.parent}: no checkpoint to resume from ({path.name} missing)")
-    fresh = "start a fresh run (--force)"
-    payload = read_checked(path, fresh)
-    try:
-        # Our own file (it holds optimizer and plugin state, plain containers and tensors).
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); {fresh}") from exc
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: cannot read the checkpoint (it holds a {type(state).__name__}, not a "
-                              f"mapping); {fresh}")
-    return state
-
-
-def read_checked(path: Path, fresh: str) -> bytes:
-    """The payload of a file :func:`write_checked` wrote, verified against its header; a missing header, a
-    wrong size or checksum is a :class:`CheckpointError` naming the file and ending in ``fresh`` (the fix)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({exc.strerror or exc})") from exc
-    head, sep, payload = data.partition(b"\n")
-    fields = head.split(b" ")
-    if not sep or fields[0] != CHECKPOINT_MAGIC or len(fields) != 3:
-        raise CheckpointError(f"{path}: cannot read the checkpoint (no {CHECKPOINT_MAGIC.decode()} header: not "
-                              f"written by dataflex run, or damaged at its start); {fresh}")
-    try:
-        digest = fields[1].removeprefix(b"sha256=").decode("ascii")
-        size = int(fields[2].removeprefix(b"bytes="))
-    except (UnicodeDecodeError, ValueError):
-        raise CheckpointError(f"{path}: cannot read the checkpoint (damaged header {head[:80]!r}); "
-                              f"{fresh}") from None
-    if len(payload) != size:
-        raise CheckpointError(f"{path}: the checkpoint is truncated or extended ({len(payload)} bytes after the "
-                              f"header, the header says {size}); {fresh}")
-    if hashlib.sha256(payload).hexdigest() != digest:
-        raise CheckpointError(f"{path}: checksum mismatch, the checkpoint is damaged (SHA-256 differs from the "
-                              f"one written with it); {fresh}")
-    return payload
+    # Our own file (it holds optimizer and plugin state, plain containers and tensors).
+    return read_state(path, "start a fresh run (--force)")
 
 
 def checkpoint_step(out: Path) -> int | None:

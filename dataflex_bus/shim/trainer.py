@@ -31,6 +31,7 @@ from ..carry import AdvantageAction
 from ..errors import ConfigError, DataflexError
 from ..ops import grpo_outcome_advantage
 from ..runtime import Runtime
+from ..sampler import prepare_prompts
 from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds, group_labels
 from . import warmstart
 from .config import diff, fingerprint
@@ -91,10 +92,7 @@ class ShimTrainer:
         self.step = 0
         self.next_uid = 0
         self.kit = StepKit(runtime)
-        if runtime.mixes:
-            runtime.set_domains(self.domains)
-        if runtime.needs_prompt_ids:
-            runtime.set_prompts(prompt_table(self.split))
+        prepare_prompts(runtime, lambda: prompt_table(self.split), domains=self.domains)
 
     # ------------------------------------------------------------------ sampling
     def _candidates(self, probs: Tensor, n: int) -> Candidates[Prompts]:

@@ -6,12 +6,15 @@ object or a plain mapping of its fields. The rules here are TRL's settings under
 what it says: a loss type whose normaliser a removed row was not proven to leave exact, or a generation batch
 that does not span whole optimizer steps (an empty one could not skip its update, a mixer's probabilities
 would apply in the middle of an optimizer step). Each is refused naming the ``GRPOConfig`` field and what to
-set instead.
+set instead. Given the training dataset and whether environments are used (as the trainer gives them), it
+also refuses what the host cannot carry out on them: a block that draws its own prompts over a dataset that
+cannot be indexed, image columns, and environments under a block whose rounds TRL must replay.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -70,11 +73,31 @@ def generation_span(args: Any) -> tuple[int, int]:
     return spg * int(field_of(args, "num_iterations", 1)), accumulation
 
 
-def describe(args: Any, *, processes: int | None = None) -> HostDescription:
+#: What drawing its own prompts takes: indexing the training dataset by row.
+INDEXED = ("prompt_selection", "refill", "domain_sampling")
+#: Dataset columns of images (TRL's vision-language path), which the host does not carry.
+IMAGE_COLUMNS = frozenset({"image", "images"})
+
+
+def iterable(dataset: Any) -> bool:
+    """Whether ``dataset`` is an ``IterableDataset`` (torch's, which ``datasets``' subclasses): rows cannot be
+    drawn by index. Read without importing torch (a torch dataset means torch is loaded)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and isinstance(dataset, data.IterableDataset)
+
+
+def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
+             environments: bool = False) -> HostDescription:
     """The host description of a TRL run configured by ``args`` (a ``GRPOConfig`` or a mapping of its fields) on
-    ``processes`` processes (default: ``args.world_size`` when it has one, else 1)."""
+    ``processes`` processes (default: ``args.world_size`` when it has one, else 1), training on ``dataset``
+    (``None``: not known) with ``environments`` (``GRPOTrainer``'s ``environment_factory`` given)."""
     advantage = set(ON_ADVANTAGE)
     missing = {**_MISSING, **LACKS}
+    capabilities = set(CAPABILITIES_TRL)
+    if iterable(dataset):
+        capabilities -= set(INDEXED)
+        missing.update(dict.fromkeys(INDEXED, "train_dataset is an IterableDataset, whose rows cannot be drawn by "
+                                              "index: give a datasets.Dataset"))
     if float(field_of(args, "beta", 0.0)) != 0.0:
         advantage.add("ref_log_prob")
     else:
@@ -84,15 +107,54 @@ def describe(args: Any, *, processes: int | None = None) -> HostDescription:
     generations = field_of(args, "num_generations")
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
               "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
-    return HostDescription(NAME, fields=fields, capabilities=CAPABILITIES_TRL, adv_estimator="grpo",
+    return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator="grpo",
                            group_size=int(generations) if generations is not None else None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
-                           check=lambda cfg, key: block_issues(args, cfg, key))
+                           check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
+                                                               environments=environments))
 
 
-def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
-    """TRL settings under which the block's methods would not do what they say."""
-    issues = []
+def _history_readers(cfg: DataflexConfig, key: str) -> list[str]:
+    """``key.methods[i].scorer.name``-style keys of the block's components that read the per-prompt history."""
+    from ..validation import method_keys
+
+    found = []
+    for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
+        if method.resolved is not None:
+            for slot in ("scorer", "actuator"):
+                if getattr(method.resolved, slot).load().uses_history:
+                    found.append(f"{mkey}.{slot}.name")
+    return found
+
+
+def _replays_rounds(cfg: DataflexConfig) -> bool:
+    """Whether TRL's method runs again on a step's kept rows (a method may drop rows at on_rollout, or
+    refill runs): what the host does instead of generating them again."""
+    from ..mechanisms import mechanism
+
+    return cfg.refill is not None or any(
+        m.resolved is not None and m.resolved.event == "on_rollout"
+        and (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop") for m in cfg.methods)
+
+
+def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, dataset: Any = None,
+                 environments: bool = False) -> list[ConfigIssue]:
+    """TRL settings, and the training dataset and environments when known, under which the block's methods
+    would not do what they say."""
+    issues: list[ConfigIssue] = []
+    if iterable(dataset):
+        # (prompt selection, mix and refill are refused by the capabilities INDEXED.)
+        issues.extend(ConfigIssue(reader, "reads the per-prompt history, which needs stable prompt ids: "
+                                  "train_dataset is an IterableDataset, whose rows cannot be drawn by index",
+                                  ["a datasets.Dataset"]) for reader in _history_readers(cfg, key))
+    images = sorted(set(getattr(dataset, "column_names", None) or []) & IMAGE_COLUMNS)
+    if images:
+        issues.append(ConfigIssue("train_dataset", f"multimodal rows (column {images[0]!r}) are not supported by "
+                                  "the dataflex TRL host", ["text prompts"]))
+    if environments and _replays_rounds(cfg):
+        issues.append(ConfigIssue("environment_factory", "a dataflex block that drops rows at on_rollout or "
+                                  "refills replays TRL's generation on the kept rows, and environments keep "
+                                  "per-rollout state that cannot be replayed", ["rollout_func"]))
     loss_type = str(field_of(args, "loss_type", "dapo"))
     if loss_type not in SUPPORTED_LOSS_TYPES:
         known = "" if loss_type in OTHER_LOSS_TYPES else " (not a TRL 1.16 loss type)"

@@ -28,18 +28,6 @@ from ..sampler import DomainSampler
 ID_COLUMN = "dataset row"
 
 
-def domain_labels(dataset: Any, key: str, *, required: bool) -> list[str] | None:
-    """The ``key`` column of ``dataset`` as strings; ``None`` when absent and not ``required`` (then every
-    prompt is of one domain), else refused naming ``dataflex.domain_key`` and the columns there are."""
-    columns = list(getattr(dataset, "column_names", None) or [])
-    if key not in columns:
-        if required:
-            raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {key!r} is not in the training dataset; "
-                                          "a mixer samples by domain", columns))
-        return None
-    return [str(x) for x in dataset[key]]
-
-
 def prompt_table(labels: Sequence[str] | None, size: int) -> PromptTable:
     """Stable prompt ids ``(domain, dataset row)`` of a training dataset of ``size`` rows."""
     names = list(labels) if labels is not None else ["default"] * size

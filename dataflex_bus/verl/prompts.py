@@ -10,14 +10,8 @@ import torch
 
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..history import PromptTable
+from ..sampler import domain_labels
 from .tqbatch import labels_of
-
-
-def check_domain_column(frame: Any, domain_key: str) -> None:
-    """Refuse a training dataset without the ``dataflex.domain_key`` column, listing the columns it has."""
-    if domain_key not in frame.column_names:
-        raise ConfigError(ConfigIssue("dataflex.domain_key", f"column {domain_key!r} is not in the training "
-                                      "dataset", list(frame.column_names)))
 
 
 def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt") -> PromptTable:
@@ -28,7 +22,8 @@ def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt"
     sharing an id are accepted only when their prompts are identical (a repeated prompt is one prompt).
     """
     columns = list(frame.column_names)
-    check_domain_column(frame, domain_key)
+    labels = domain_labels(frame, domain_key, required=True, why="prompt ids are (data source, extra_info.index)")
+    assert labels is not None
     n = len(frame)
     infos = frame["extra_info"] if "extra_info" in columns else [None] * n
     missing = [i for i, info in enumerate(infos) if not isinstance(info, Mapping) or info.get("index") is None]
@@ -43,7 +38,6 @@ def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt"
     except (TypeError, ValueError) as exc:
         raise ConfigError(ConfigIssue("extra_info.index", f"must be an integer in every training row ({exc})")) \
             from None
-    labels = [str(x) for x in frame[domain_key]]
     names = sorted(set(labels))
     position = {name: i for i, name in enumerate(names)}
     ids = torch.tensor([position[x] for x in labels], dtype=torch.long)

@@ -96,3 +96,15 @@ def put(meta: KVBatchMeta, fields: Mapping[str, Tensor]) -> KVBatchMeta:
     includes the written ones (the worker only receives fields listed there)."""
     td = TensorDict(dict(fields), batch_size=len(meta.keys))
     return tq.kv_batch_put(keys=list(meta.keys), partition_id=meta.partition_id, fields=td)
+
+
+def nested_row_counts(t: Tensor) -> Tensor:
+    """Float ``[B]``: the non-zero entries of each row of a jagged nested tensor, without padding it
+    (one segment reduction over the flat values)."""
+    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
+    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=offsets)
+
+
+def uid_of(key: str) -> str:
+    """The prompt uid of a trajectory key ``{uid}_{session}_{index}`` (a uid holds no ``_``)."""
+    return key.split("_")[0]

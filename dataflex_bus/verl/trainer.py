@@ -36,10 +36,8 @@ mode is that class on top of verl's own trainer:
   old-log-prob, reference, rollout-correction and advantage passes see them; at on_advantage the rows the method
   marks are read back from TQ into the kit's store (``Step.store``).
 
-Prompt ids are ``(data_source, extra_info.index)`` (the ``dataflex.domain_key`` column and the index),
-checked unique over the training dataset when the dataloader is built. Plugin state (the per-prompt
-history and the kit's counters included) is saved as ``global_step_N/dataflex_state.pt`` before verl's
-checkpoint (whose tracker file is written last) and restored after verl's ``_load_checkpoint``. Each mode
+Prompt ids are ``(data_source, extra_info.index)``, checked unique when the dataloader is built. Plugin
+state is saved beside verl's checkpoints (:mod:`~dataflex_bus.verl.state`). Each mode
 sets ``self.trainer_mode`` to the verl mode it runs (``sync``, ``colocate_async``, ``separate_async``),
 because verl branches on those literal strings (replay buffer type, forced ``gen_batch_size=1``, TQ
 snapshots in checkpoints, the ``trainer.v1.<mode>`` section); any other string silently selects the async
@@ -53,7 +51,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -72,27 +69,26 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.dataset.rl_dataset import collate_fn
 
-from .. import __version__
 from ..batch import Batch
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from ..runtime import Runtime
-from ..sampler import DomainSampler
+from ..sampler import DomainSampler, domain_labels, prepare_prompts
 from ..steps import Candidates, Step, StepKit
+from . import state
 from .blocks import minibatch_blocks
 from .buffer import DataflexReplayBuffer
 from .guard import DATAFLEX_MODE_FOR
 from .host import describe
-from .prompts import candidate_ids, check_domain_column, dataset_prompt_table
+from .prompts import candidate_ids, dataset_prompt_table
 from .replay import fields_of, generated_fields, payload_of
-from .tqbatch import fetch, labels_of, padding_flags, put, to_batch, to_nested
+from .tqbatch import fetch, labels_of, nested_row_counts, padding_flags, put, to_batch, to_nested, uid_of
 
 log = logging.getLogger("dataflex_bus")
 
-#: File written into every ``global_step_N`` checkpoint folder.
-STATE_FILE = "dataflex_state.pt"
+#: File written into every ``global_step_N`` checkpoint folder (:mod:`~dataflex_bus.verl.state`).
+STATE_FILE = state.STATE_FILE
 #: Fields every event reads, whatever the method: labels, rewards and the response mask.
 BASE_FIELDS = ("uid", "response_mask", "rm_scores")
 #: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
@@ -112,18 +108,6 @@ def dataflex_block(config: DictConfig | Mapping[str, Any]) -> dict[str, Any] | N
 def build_runtime(config: DictConfig) -> Runtime:
     """The runtime of ``config``'s ``dataflex`` block, validated against verl's host description of it."""
     return Runtime(dataflex_block(config), host=describe(config))
-
-
-def nested_row_counts(t: Tensor) -> Tensor:
-    """Float ``[B]``: the non-zero entries of each row of a jagged nested tensor, without padding it
-    (one segment reduction over the flat values)."""
-    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
-    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=offsets)
-
-
-def uid_of(key: str) -> str:
-    """The prompt uid of a trajectory key ``{uid}_{session}_{index}`` (a uid holds no ``_``)."""
-    return key.split("_")[0]
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -651,17 +635,13 @@ class DataflexTrainer(PPOTrainer):
             with open_dict(self.config):
                 self.config.data.gen_batch_size = 1
         super()._init_dataloader()
-        if self.dataflex.needs_prompt_ids:
-            self.dataflex.set_prompts(dataset_prompt_table(self.train_dataset.dataframe, self.domain_key,
-                                                           self.config.data.get("prompt_key", "prompt")))
-        if not self.dataflex.mixes:
-            return
         frame = self.train_dataset.dataframe
-        check_domain_column(frame, self.domain_key)
         seed = self.config.data.get("seed", None)
-        self.domain_sampler = DomainSampler(list(frame[self.domain_key]), domains=self.dataflex.configured_domains,
-                                            seed=0 if seed is None else int(seed))
-        self.dataflex.set_domains(self.domain_sampler.domains)
+        labels = domain_labels(frame, self.domain_key, required=True) if self.dataflex.mixes else None
+        self.domain_sampler = prepare_prompts(
+            self.dataflex, lambda: dataset_prompt_table(frame, self.domain_key, self.config.data.get("prompt_key",
+                                                                                                   "prompt")),
+            labels=labels, seed=0 if seed is None else int(seed))
 
     def _fetch_one_gen_batch(self) -> TensorDict:
         """One ``gen_batch_size`` chunk of prompts drawn by the current domain probabilities."""
@@ -677,63 +657,23 @@ class DataflexTrainer(PPOTrainer):
         batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(n)], dtype=object)
         return tu.get_tensordict(batch_dict)
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints (state.py)
     def dataflex_state_dict(self) -> dict[str, Any]:
-        return {
-            "format": 2,
-            "dataflex_bus": __version__,
-            "global_steps": self.global_steps,
-            "runtime": self.dataflex.state_dict(),
-            "kit": self.kit.state_dict(),
-            "sampler": self.domain_sampler.state_dict() if self.domain_sampler is not None else None,
-        }
+        return state.state_dict(self)
 
-    def load_dataflex_state(self, state: Mapping[str, Any]) -> None:
-        self.dataflex.load_state_dict(state["runtime"])
-        if state.get("kit") is not None:
-            self.kit.load_state_dict(state["kit"])
-        saved = state.get("sampler")
-        if (saved is None) != (self.domain_sampler is None):
-            raise ConfigError(ConfigIssue("dataflex.mechanism", "the checkpoint and this run disagree on whether "
-                                          "prompts are drawn by domain (mix)"))
-        if saved is not None and self.domain_sampler is not None:
-            self.domain_sampler.load_state_dict(saved)
-
-    def _step_folder(self) -> str:
-        return os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+    def load_dataflex_state(self, saved: Mapping[str, Any], source: str = STATE_FILE) -> None:
+        state.load(self, saved, source)
 
     def _save_checkpoint(self) -> None:
         # Before verl's save: verl writes latest_checkpointed_iteration.txt last, so a checkpoint the
         # tracker points to always holds our state too.
-        folder = self._step_folder()
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self.dataflex_state_dict(), os.path.join(folder, STATE_FILE))
+        state.save(self)
         super()._save_checkpoint()
-
-    def _resume_folder(self) -> str | None:
-        """The folder verl's ``_load_checkpoint`` resumed from (same resolution rules)."""
-        trainer = self.config.trainer
-        if trainer.resume_mode == "auto":
-            root = trainer.default_local_dir
-            return find_latest_ckpt_path(root if os.path.isabs(root) else os.path.join(os.getcwd(), root))
-        if trainer.resume_mode == "resume_path":
-            path = trainer.resume_from_path
-            return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-        return None
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()
-        if self.global_steps <= 0:
-            return
-        folder = self._resume_folder()
-        path = os.path.join(folder, STATE_FILE) if folder else None
-        if path is None or not os.path.exists(path):
-            log.warning("dataflex: resumed verl at step %d but found no %s in %s; the dataflex method starts "
-                        "fresh", self.global_steps, STATE_FILE, folder)
-            return
-        # Our own file, written by _save_checkpoint: plain containers and tensors (generator state).
-        self.load_dataflex_state(torch.load(path, weights_only=False))
-        log.info("dataflex: restored method state from %s", path)
+        if self.global_steps > 0:
+            state.resume(self)
 
 
 class DataflexSyncTrainer(DataflexTrainer, PPOTrainerSync):

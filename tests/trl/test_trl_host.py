@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dataflex_bus.config import load_config
 from dataflex_bus.errors import ConfigError
@@ -66,6 +67,52 @@ def test_a_field_trl_lacks_is_refused_naming_the_host():
                   "actuator": {"name": "threshold_band", "params": {"low": 0.1, "high": 0.9}}},
                  host=describe({**ARGS, "num_generations": 1}))
     assert "host 'trl'" in str(err.value)
+
+
+DAPO = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}}
+GRESO = {"methods": [
+    {"name": "greso", "mechanism": "select", "scorer": {"name": "zero_variance_streak"}, "actuator": {"name": "greso"}},
+    {"name": "dapo", **DAPO}]}
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A dataset of prompts that can only be iterated (as ``datasets.Dataset.to_iterable_dataset()``)."""
+
+    def __iter__(self):
+        return iter([{"prompt": "1+1="}])
+
+
+class _Rows:
+    """A dataset-like object with columns (what the description reads of a ``datasets.Dataset``)."""
+
+    def __init__(self, *columns: str) -> None:
+        self.column_names = list(columns)
+
+
+@pytest.mark.parametrize(("block", "key"), [
+    ({**DAPO, "refill": {"max_rounds": 2}}, "dataflex.refill"),
+    (GRESO, "dataflex.methods[0].scorer.name"),
+    ({"mechanism": "mix", "scorer": {"name": "advantage_magnitude"}, "actuator": {"name": "dump_ucb"}},
+     "dataflex.mechanism"),
+])
+def test_a_block_drawing_its_own_prompts_over_an_iterable_dataset_is_refused_by_the_description(block, key):
+    """The refusal the trainer gives at construction comes from the description, so doctor gives it too."""
+    validate(block, host=describe(ARGS, dataset=_Rows("prompt", "data_source")))
+    with pytest.raises(ConfigError) as err:
+        validate(block, host=describe(ARGS, dataset=_Stream()))
+    message = str(err.value)
+    assert key in message and "IterableDataset" in message and "datasets.Dataset" in message
+    validate(DAPO, host=describe(ARGS, dataset=_Stream()))  # TRL's own prompts: nothing to index
+
+
+def test_image_columns_and_environments_under_replayed_rounds_are_refused_by_the_description():
+    with pytest.raises(ConfigError, match=r"train_dataset.*column 'image'"):
+        validate(DAPO, host=describe(ARGS, dataset=_Rows("prompt", "image")))
+    with pytest.raises(ConfigError, match=r"environment_factory.*rollout_func"):
+        validate(DAPO, host=describe(ARGS, environments=True))
+    # A block that drops nothing at on_rollout runs TRL's generation once: environments are fine.
+    validate({"mechanism": "reweight", "scorer": {"name": "token_prob"}, "actuator": {"name": "advantage_reweight"}},
+             host=describe(ARGS, environments=True))
 
 
 def test_importing_the_package_imports_no_trl():

@@ -15,6 +15,8 @@ pytest.importorskip("trl")
 import torch
 import trl_tiny as T
 
+from dataflex_bus.errors import ConfigError
+from dataflex_bus.state_file import CheckpointError, read_state, save_state
 from dataflex_bus.trl import DataflexGRPOTrainer
 
 pytestmark = pytest.mark.trl
@@ -153,8 +155,6 @@ def test_a_checkpoint_without_dataflex_state_resumes_fresh_with_a_warning(tmp_pa
 def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
     from datasets import Dataset
 
-    from dataflex_bus.errors import ConfigError
-
     tok = T.tokenizer()
     rows = MIXED[:4]
 
@@ -173,3 +173,23 @@ def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
                             train_dataset=Dataset.from_list(rows).to_iterable_dataset(),
                             args=T.config("/tmp/dataflex-refused", rows_per_gen=8, steps=1),
                             dataflex={**DAPO, "refill": {"max_rounds": 2}})
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda p: p.write_bytes(p.read_bytes()[:-100]), "truncated or extended"),
+    (lambda p: p.write_bytes(b""), "the file is empty"),
+    (lambda p: p.write_bytes(bytes(range(256)) * 8), "no dataflex-checkpoint/1 header"),
+    (lambda p: save_state(p, {k: v for k, v in read_state(p, "").items() if k != "kit"}), "entry 'kit' is missing"),
+    (lambda p: save_state(p, {**read_state(p, ""), "runtime": {"pipeline": {}}}), "entry 'runtime'"),
+], ids=["truncated", "empty", "random", "entry-missing", "entry-unfit"])
+def test_a_damaged_dataflex_state_file_is_refused_naming_the_file_and_entry(tmp_path, damage, message):
+    """TRL's checkpoint-N/dataflex_state.pt is written behind the kit's checksum header and read back checked."""
+    kw = dict(rows=T.interleave(MIXED[:4], FLAT[:4], 2, 2), rows_per_gen=16, steps=2, save_strategy="steps",
+              save_steps=1, trainer_kwargs={"dataflex": DAPO})
+    T.train(DataflexGRPOTrainer, out=str(tmp_path / "run"), **kw)
+    path = tmp_path / "run" / "checkpoint-1" / "dataflex_state.pt"
+    assert path.read_bytes().startswith(b"dataflex-checkpoint/1 sha256=")
+    damage(path)
+    with pytest.raises((CheckpointError, ConfigError), match=message) as err:
+        T.train(DataflexGRPOTrainer, out=str(tmp_path / "resumed"), resume=str(path.parent), **kw)
+    assert str(path) in str(err.value)

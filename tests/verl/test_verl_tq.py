@@ -14,6 +14,7 @@ import torch
 from seed_config import SEED
 
 from dataflex_bus import hookimpl
+from dataflex_bus.state_file import read_state
 
 pytestmark = [pytest.mark.verl, pytest.mark.tq]
 
@@ -188,7 +189,7 @@ def test_fit_select_event_order_removal_and_checkpoint(H, tmp_path, clean_partit
     for n in (1, 2):
         folder = tmp_path / "ckpt" / f"global_step_{n}"
         assert (folder / "dataflex_state.pt").exists() and not (folder / "transfer_queue").exists()
-    state = torch.load(tmp_path / "ckpt" / "global_step_2" / "dataflex_state.pt", weights_only=False)
+    state = read_state(tmp_path / "ckpt" / "global_step_2" / "dataflex_state.pt", "")
     assert state["global_steps"] == 2 and state["runtime"]["pipeline"]["config"]["actuator"]["name"] == \
         "threshold_band" and list(state["runtime"]["pipeline"]["methods"]) == ["select:threshold_band"]
 

@@ -10,6 +10,8 @@ import pytest
 import torch
 from seed_config import SEED
 
+from dataflex_bus.state_file import read_state
+
 pytestmark = [pytest.mark.verl, pytest.mark.tq]
 
 #: Keeps the top 10 % of rows by |advantage|: 1 row of 12, so at least 2 of 3 mini-batches of 4 rows
@@ -244,5 +246,5 @@ def test_fit_async_modes_carry_the_events_and_the_removal(H, tmp_path, clean_par
         assert "dataflex/compute/rows_after_padding" in logged and "dataflex/trained/rows" in logged
     folder = tmp_path / "ckpt" / "global_step_2"
     assert (folder / "dataflex_state.pt").exists() and (folder / "transfer_queue").exists()
-    state = torch.load(folder / "dataflex_state.pt", weights_only=False)
+    state = read_state(folder / "dataflex_state.pt", "")
     assert state["global_steps"] == 2 and list(state["runtime"]["pipeline"]["methods"]) == ["select:threshold_band"]

@@ -1,0 +1,237 @@
+"""One generation batch of the TRL host: the step's generation rounds, each a call of TRL's own
+``_generate_and_score_completions`` (a *pass*), and the batch TRL trains on.
+
+* ``native``: TRL's method runs whole, untouched; on_rollout is emitted from inside it, once its rewards are
+  known (``_calculate_rewards``).
+* ``collect``: when a method may drop rows at on_rollout (or refill runs), a round stops right after its
+  rewards: its old/reference log-prob passes are skipped, nothing is spent on rows that may be dropped.
+* ``replay``: once the rounds are done, TRL's method runs once more on the kept rows, its generation and
+  rewards replayed from the rounds: TRL itself pads them, computes the old/reference log-probs, advantages
+  (group or batch statistics), ``num_items_in_batch`` and its metrics, on a batch that never held the
+  dropped groups, laid out over the processes as TRL lays out a batch of that many rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..errors import DataflexError
+from ..steps import Candidates, RolloutOutcome, Step
+from .processes import unlog_padding
+from .records import Collected, Kept, Pass, RoundData
+from .rows import Layout
+
+if TYPE_CHECKING:
+    from .trainer import DataflexGRPOTrainer
+
+
+def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The kit's step on one TRL generation batch: prompts, generation rounds and on_rollout, then the batch
+    TRL trains on with on_advantage carried out (:func:`~dataflex_bus.trl.update.after_generation`)."""
+    from .update import after_generation
+
+    step = trainer.dataflex_kit.begin(trainer._dfx_generations)
+    trainer._dfx_generations += 1
+    probs = step.domain_probabilities(trainer._dfx_domains or []) if trainer.dataflex.mixes else None
+    gen = trainer._dfx_gen = step.generation(trainer._dfx_target)
+    rounds: list[RoundData] = []
+    out: dict[str, Any] | None = None
+    try:
+        while (n := gen.request()) > 0:
+            local, rows = round_inputs(trainer, step, n, inputs, probs)
+            if trainer._dfx_collects:
+                rounds.append(collect(trainer, local, rows))
+            else:
+                out, data = native(trainer, local, rows)
+                rounds.append(data)
+        outcome = gen.finish()
+    finally:
+        trainer._dfx_gen = None
+    trainer._dfx_processes.agree("on_rollout", *(k for k in outcome.keeps if k is not None),
+                                 torch.tensor([outcome.skip_update]))
+    if trainer._dfx_collects:
+        kept = Kept.of(rounds, kept_refs(rounds, outcome))
+        out, layout = trainer._dfx_replay(rounds, kept)
+    else:
+        if any(k is not None for k in outcome.keeps) or outcome.skip_update:
+            raise DataflexError("dataflex TRL host: an on_rollout decision to drop rows reached a generation "
+                                "batch that was not collected for it (a bug: please report it)")
+        assert out is not None
+        kept = Kept.of(rounds, [(0, i) for i in range(len(rounds[0]))])
+        layout = Layout(len(kept), trainer._dfx_processes.count, 1)
+    return after_generation(trainer, step, out, rounds, kept, layout, outcome)
+
+
+def round_inputs(trainer: DataflexGRPOTrainer, step: Step, n: int, inputs: list[dict[str, Any]],
+                 probs: Tensor | None) -> tuple[list[dict[str, Any]], Tensor | None]:
+    """This process's rows of a round of ``n`` prompts: TRL's own (the dataloader's generation batch) or,
+    with a stream, ``n`` prompts (rounded up to whole rows per process) chosen by ``Step.prompts``."""
+    stream = trainer._dfx_stream
+    if stream is None:
+        step.prompts(n, lambda k: Candidates(inputs))
+        return inputs, None
+    n = -(-n // trainer._dfx_unit) * trainer._dfx_unit
+    table_ids = trainer._dfx_batches.row_domain
+
+    def draw(k: int) -> Candidates[Tensor]:
+        rows, _ = stream.draw(k, probs)
+        if table_ids is None:
+            return Candidates(rows)
+        return Candidates(rows, table_ids[rows], rows.clone())
+
+    chosen = step.prompts(n, draw)
+    rows = torch.cat(chosen.draws)[chosen.index].repeat_interleave(trainer._dfx_G)
+    processes = trainer._dfx_processes
+    per = rows.numel() // processes.count
+    rank = processes.rank
+    dataset: Any = trainer.train_dataset
+    read: dict[int, dict[str, Any]] = {}  # each prompt's row read once, copied per rollout (TRL adds to them)
+    mine = [int(i) for i in rows[rank * per:(rank + 1) * per]]
+    return [dict(read[i] if i in read else read.setdefault(i, dict(dataset[i]))) for i in mine], rows
+
+
+def native(trainer: DataflexGRPOTrainer, local: list[dict[str, Any]],
+           rows: Tensor | None) -> tuple[dict[str, Any], RoundData]:
+    """TRL's generation batch, untouched; on_rollout is emitted from inside it (``_calculate_rewards``)."""
+    trainer._dfx_pass = p = Pass("native", rows=rows, old_entropy=trainer._dfx_old_entropy())
+    try:
+        out = trainer._dfx_trl_generation(local)
+    finally:
+        trainer._dfx_pass = None
+    assert p.round is not None
+    if p.entropies is not None:
+        out["_dfx_entropy"] = p.entropies
+    return out, p.round
+
+
+def collect(trainer: DataflexGRPOTrainer, local: list[dict[str, Any]], rows: Tensor | None) -> RoundData:
+    """One generation round: TRL's method up to its rewards (and on_rollout), then stopped."""
+    trainer._dfx_pass = p = Pass("collect", rows=rows)
+    try:
+        trainer._dfx_trl_generation(local)
+    except Collected:
+        pass
+    else:
+        raise DataflexError("dataflex TRL host: TRL's generation batch never computed its rewards")
+    finally:
+        trainer._dfx_pass = None
+    assert p.round is not None
+    return p.round
+
+
+def kept_refs(rounds: Sequence[RoundData], outcome: RolloutOutcome) -> list[tuple[int, int]]:
+    """``(round, row)`` of every row the on_rollout decisions kept, in global order."""
+    refs = []
+    for r, keep in enumerate(outcome.keeps):
+        index = range(len(rounds[r])) if keep is None else torch.nonzero(keep).flatten().tolist()
+        refs += [(r, int(i)) for i in index]
+    return refs
+
+
+def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept) -> tuple[dict[str, Any], Layout]:
+    """TRL's method on the kept rows alone, laid out over the processes as TRL lays out a batch of that
+    many rows, generation and rewards replayed from the rounds."""
+    processes, spg = trainer._dfx_processes, trainer._dfx_spg
+    layout = Layout(len(kept), processes.count, spg)
+    lo, hi = layout.span(processes.rank)
+    refs = kept.refs[lo:hi]
+    # Padding rows copy one of this process's rows (its widths stay TRL's) and train nothing.
+    mine = refs + [refs[-1] if refs else kept.refs[0]] * (layout.per_rank - len(refs))
+    first = rounds[0]
+
+    def col(name: str) -> list[Any] | None:
+        if getattr(first, name) is None:
+            return None
+        return [getattr(rounds[a], name)[b] for a, b in mine]
+
+    extra: dict[str, Any] = {}
+    for key, value in first.extra.items():
+        extra[key] = [rounds[a].extra[key][b] for a, b in mine] if isinstance(value, list) else value
+    generated = (col("prompt_ids"), col("completion_ids"), col("tool_mask"), col("completions"),
+                 col("logprobs"), extra, None, col("tool_images") or [])
+    rewards = torch.stack([rounds[a].rewards[b] for a, b in kept.refs]).to(trainer.accelerator.device)
+    pending = {c: [rounds[a].pending_logs[c][b] for a, b in mine] for c in first.pending_logs}
+    inputs = [dict(rounds[a].inputs[b]) for a, b in mine]  # type: ignore[index]
+    trainer._dfx_pass = p = Pass("replay", generated=generated, rewards=rewards, pending_logs=pending,
+                                 old_entropy=trainer._dfx_old_entropy())
+    try:
+        # TRL's old/reference passes run in chunks of one micro-batch, as on a batch of only these rows.
+        with micro_batch_rows(trainer.args, layout.per_rank // spg):
+            out = trainer._dfx_trl_generation(inputs)
+    finally:
+        trainer._dfx_pass = None
+    if p.entropies is not None:
+        out["_dfx_entropy"] = p.entropies
+    adv = out["advantages"]  # TRL's slice of the kept rows: this process's real rows
+    if adv.size(0) < layout.per_rank:
+        out["advantages"] = torch.cat([adv, adv.new_zeros(layout.per_rank - adv.size(0), *adv.shape[1:])])
+    if layout.padded:
+        processes.mark_padding(out, hi - lo, layout)
+        unlog_padding(trainer._logs, layout)
+    return out, layout
+
+
+@contextlib.contextmanager
+def micro_batch_rows(args: Any, rows: int) -> Iterator[None]:
+    """TRL's ``per_device_train_batch_size`` set to ``rows`` (its no-grad passes' chunk) while inside."""
+    old = args.per_device_train_batch_size
+    args.per_device_train_batch_size = max(rows, 1)
+    try:
+        yield
+    finally:
+        args.per_device_train_batch_size = old
+
+
+def rewarded(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any]], rewards: Tensor) -> None:
+    """A round's rewards are known (inside TRL's ``_calculate_rewards``): its rows from every process, its
+    on_rollout batch handed to the step's generation; a collected round ends here (:class:`Collected`)."""
+    p.round = data = round_data(trainer, p, inputs, rewards, full=p.kind == "collect")
+    assert trainer._dfx_gen is not None
+    trainer._dfx_gen.add(data.batch)
+    if p.kind == "collect":
+        raise Collected
+
+
+def round_data(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any]], rewards: Tensor, *,
+               full: bool) -> RoundData:
+    """The round's rows from every process and its on_rollout batch (``full``: everything a replay needs)."""
+    assert p.generated is not None
+    prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, _, tool_images = p.generated
+    key = trainer.dataflex.domain_key
+    local: dict[str, list[Any]] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids}
+    if tool_mask is not None:
+        local["tool_mask"] = tool_mask
+    if trainer._dfx_labels is not None:
+        local["labels"] = [str(x.get(key)) for x in inputs]
+    if full:
+        local.update(completions=completions, inputs=inputs)
+        if logprobs is not None:
+            local["logprobs"] = logprobs
+        if tool_images:
+            local["tool_images"] = tool_images
+        for name, values in extra.items():
+            if isinstance(values, list):
+                local[f"extra:{name}"] = values
+        # What reward functions logged per row (log_extra): flushed by the replay, for its rows.
+        pending: Any = trainer._pending_extra_logs
+        for column, values in pending.items():
+            local[f"logs:{column}"] = values
+        pending.clear()
+    glob = trainer._dfx_processes.gather_lists(local)
+    rewards = rewards.detach().cpu()
+    batch, loss_tokens = trainer._dfx_batches.rollout(glob["prompt_ids"], glob["completion_ids"],
+                                                      glob.get("tool_mask"), rewards, glob.get("labels"), p.rows)
+    data = RoundData(prompt_ids=glob["prompt_ids"], completion_ids=glob["completion_ids"],
+                     tool_mask=glob.get("tool_mask"), rewards=rewards, labels=glob.get("labels"), batch=batch,
+                     loss_tokens=loss_tokens, rows=p.rows)
+    if full:
+        data.completions, data.inputs, data.logprobs = glob["completions"], glob["inputs"], glob.get("logprobs")
+        data.tool_images = glob.get("tool_images")
+        data.extra = {n: glob[f"extra:{n}"] if isinstance(v, list) else v for n, v in extra.items()}
+        data.pending_logs = {k[5:]: v for k, v in glob.items() if k.startswith("logs:")}
+    return data

@@ -1,0 +1,64 @@
+"""The TRL host's state in TRL's checkpoints: ``checkpoint-N/dataflex_state.pt`` (the runtime's plugins, the
+host kit's counters, the host's prompt stream), written before TRL's own files and restored by
+``resume_from_checkpoint``, through the kit's checked state file (:mod:`dataflex_bus.state_file`)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..errors import ConfigError, ConfigIssue
+from ..state_file import check_format, read_state, restore, save_state, warn_no_state
+
+if TYPE_CHECKING:
+    from .trainer import DataflexGRPOTrainer
+
+#: File written into every ``checkpoint-N`` folder.
+STATE_FILE = "dataflex_state.pt"
+#: 2: behind the kit's checksum header (1, a plain ``torch.save``, is refused naming the file).
+STATE_FORMAT = 2
+FRESH = f"resume from another checkpoint-N, or remove {STATE_FILE} to start the dataflex method fresh"
+
+
+def state_dict(trainer: DataflexGRPOTrainer) -> dict[str, Any]:
+    stream = trainer._dfx_stream
+    return {"format": STATE_FORMAT, "dataflex_bus": __version__, "global_step": trainer.state.global_step,
+            "generation_batches": trainer._dfx_generations, "runtime": trainer.dataflex.state_dict(),
+            "kit": trainer.dataflex_kit.state_dict(), "stream": stream.state_dict() if stream is not None else None}
+
+
+def load(trainer: DataflexGRPOTrainer, state: dict[str, Any], source: str = STATE_FILE) -> None:
+    """Restore what :func:`state_dict` returned; every entry checked, named when it is missing or unfit."""
+    check_format(source, state, "TRL", (STATE_FORMAT,), FRESH)
+
+    def stream(saved: Any) -> None:
+        if (saved is None) != (trainer._dfx_stream is None):
+            raise ConfigError(ConfigIssue("dataflex", f"{source} and this run disagree on whether the host draws "
+                                          "its own prompts (prompt selection, mix, refill, history): "
+                                          f"{'the checkpoint' if saved is not None else 'this run'} does"))
+        if trainer._dfx_stream is not None:
+            trainer._dfx_stream.load_state_dict(saved)
+
+    def generations(saved: Any) -> None:
+        if not isinstance(saved, int) or saved < 0:
+            raise ValueError(f"{saved!r} is not a count of generation batches")
+        trainer._dfx_generations = saved
+
+    restore(source, state, {"runtime": trainer.dataflex.load_state_dict, "kit": trainer.dataflex_kit.load_state_dict,
+                            "stream": stream, "generation_batches": generations}, FRESH)
+
+
+def save(trainer: DataflexGRPOTrainer, folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    save_state(os.path.join(folder, STATE_FILE), state_dict(trainer))
+
+
+def resume(trainer: DataflexGRPOTrainer, checkpoint: str) -> None:
+    """After TRL restored ``checkpoint``: the dataflex state saved beside it (none: the method starts fresh)."""
+    path = os.path.join(checkpoint, STATE_FILE)
+    if not os.path.exists(path):
+        warn_no_state("TRL", trainer.state.global_step, checkpoint, STATE_FILE)
+        trainer._dfx_generations = trainer.state.global_step // trainer._dfx_span
+        return
+    load(trainer, read_state(path, FRESH), path)
