@@ -31,7 +31,6 @@ import functools
 import os
 import sys
 import threading
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from typing import Any, NoReturn
 import pluggy
 
 from . import hookspecs
-from .errors import PluginLoadError
+from .errors import PluginLoadError, clip_text, format_traceback
 from .missing import ENTRY_POINT_FIX, installed_without_entry_point, unknown_hint
 from .registry import (
     ComponentSpec,
@@ -260,7 +259,7 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
         record.warnings = _hook_warnings(pm, module, record.components)
     except (Exception, SystemExit) as exc:  # a plugin calling sys.exit() must not end the host
         record.status = FAILED
-        record.error = f"{type(exc).__name__}: {exc}"
+        record.error = f"{type(exc).__name__}: {clip_text(str(exc))}"
         record.components = []
         record.declared = list(register.specs) if register is not None else []
         if strict:
@@ -272,7 +271,7 @@ def _load_one(ep: Any, pm: pluggy.PluginManager, strict: bool) -> PluginRecord:
             f"{record.error}\n"
         )
         if debug_mode():
-            traceback.print_exception(exc)
+            sys.stderr.write(format_traceback(exc))
     for warning in record.warnings:
         sys.stderr.write(f"dataflex: warning: {record.label}: {warning}\n")
     return record

@@ -120,10 +120,7 @@ def _portable(exc: BaseException) -> BaseException:
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
-        import traceback
-
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return RemoteCause(type(exc).__name__, str(exc), text)
+        return RemoteCause(type(exc).__name__, clip_text(str(exc)), format_traceback(exc))
 
 
 class PluginRuntimeError(DataflexError, RuntimeError):

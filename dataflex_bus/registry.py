@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .components import class_attribute_problems
-from .errors import CollisionError, PluginLoadError, UnknownComponentError
+from .errors import CollisionError, PluginLoadError, UnknownComponentError, clip_text, format_traceback
 from .mechanisms import actuator_kinds, component_kinds
 from .schema import did_you_mean
 
@@ -91,12 +91,10 @@ class ComponentSpec:
                     obj = getattr(obj, part)
             except Exception as exc:
                 if debug_mode():  # the module's own file and line; validation keeps only the message
-                    import traceback
-
-                    traceback.print_exception(exc)
+                    sys.stderr.write(format_traceback(exc))
                 raise PluginLoadError(
                     f"plugin {self.plugin!r} ({self.provider}): cannot import {self.kind} {self.name!r} "
-                    f"from {target!r}: {type(exc).__name__}: {exc}"
+                    f"from {target!r}: {type(exc).__name__}: {clip_text(str(exc))}"
                 ) from exc
         else:
             obj = target

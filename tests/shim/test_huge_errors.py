@@ -5,6 +5,7 @@ and how its message ended."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -55,3 +56,30 @@ def test_the_error_object_keeps_the_whole_cause():
     cause = ValueError("y" * (MESSAGE_LIMIT * 3))
     err = PluginRuntimeError("p", "on_rollout", cause)
     assert len(str(err)) < MESSAGE_LIMIT + 200 and err.cause is cause
+
+
+HUGE = 20_000_000
+
+
+def test_a_huge_import_error_is_clipped_in_debug_output_and_records(tmp_path, monkeypatch, capsys):
+    """DATAFLEX_DEBUG=1 prints a failing plugin's and component module's traceback: head and tail only."""
+    from importlib.metadata import EntryPoint
+
+    from dataflex_bus.discovery import _load_one, new_plugin_manager
+    from dataflex_bus.errors import PluginLoadError
+    from dataflex_bus.registry import ComponentSpec
+
+    (tmp_path / "huge_failing_plugin.py").write_text(f"raise ValueError('z' * {HUGE} + 'end of it')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DATAFLEX_DEBUG", "1")
+    record = _load_one(EntryPoint("huge", "huge_failing_plugin", "dataflex"), new_plugin_manager(), strict=False)
+    err = capsys.readouterr().err
+    assert record.status == "failed" and len(record.error) < 2 * MESSAGE_LIMIT and "end of it" in record.error
+    assert len(err) < 200_000 and "characters cut" in err and "end of it" in err
+    sys.modules.pop("huge_failing_plugin", None)
+    spec = ComponentSpec("scorer", "huge", "huge_failing_plugin:Scorer", "huge")
+    with pytest.raises(PluginLoadError) as exc:
+        spec.load()
+    err = capsys.readouterr().err
+    assert len(str(exc.value)) < 2 * MESSAGE_LIMIT and "end of it" in str(exc.value)
+    assert len(err) < 200_000 and "characters cut" in err
