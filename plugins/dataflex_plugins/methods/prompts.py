@@ -93,8 +93,8 @@ class Greso(Selector):
     the prompts.
     """
 
-    requires: ClassVar = ("history_epoch", "history_counts_step", "history_step_groups", "history_step_easy",
-                          "history_step_hard")
+    requires: ClassVar = ("history_counts_epoch", "history_counts_step", "history_step_groups",
+                          "history_step_easy", "history_step_hard")
     accepts: ClassVar = ("prompt",)
     uses_history: ClassVar = True
     params: ClassVar = {
@@ -143,7 +143,8 @@ class Greso(Selector):
             return
         self.adapted_through = counts_step
         groups = int(batch["history_step_groups"])
-        if int(batch["history_epoch"]) < self.adapt_from_epoch or groups == 0:
+        # the epoch the counted step ended in, as GRESO's `if epoch > 0` at the end of a step reads it
+        if int(batch["history_counts_epoch"]) < self.adapt_from_epoch or groups == 0:
             return
         # R >= target on integer counts against the target as written (0.3, not 0.29999...): exact at the edge.
         alpha, delta = Fraction(repr(float(self.target_zero_variance))), self.step
