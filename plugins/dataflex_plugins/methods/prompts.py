@@ -19,6 +19,7 @@ from fractions import Fraction
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Scorer, Selection, Selector
@@ -159,11 +160,16 @@ class Greso(Selector):
         else:
             self.p_hard = min(self.p_hard + delta, self.p_max)
 
+    def keep_probability(self, signed: Tensor) -> Tensor:
+        """Float64 ``[N]``: each candidate's keep probability from its signed streak at the current ``p_easy``
+        and ``p_hard`` (GRESO's ``1 - skip_probability``)."""
+        s = signed.to(torch.float64)
+        base = torch.where(s > 0, self.p_easy, self.p_hard).to(torch.float64)
+        return torch.where(s != 0, torch.clamp_min(base ** s.abs(), self.explore_floor), 1.0)
+
     def select(self, batch: Batch, score: Score, step: int) -> Selection:
         self._adapt(batch)
-        s = score.values.to(torch.float64)
-        base = torch.where(s > 0, self.p_easy, self.p_hard).to(torch.float64)
-        keep_prob = torch.where(s != 0, torch.clamp_min(base ** s.abs(), self.explore_floor), 1.0)
+        keep_prob = self.keep_probability(score.values)
         u = torch.rand(len(batch), generator=self.generator, dtype=torch.float64)
         valid = batch.valid_rows
         keep = (u < keep_prob) & valid
