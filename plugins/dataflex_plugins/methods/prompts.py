@@ -164,7 +164,9 @@ class Greso(Selector):
         """Float64 ``[N]``: each candidate's keep probability from its signed streak at the current ``p_easy``
         and ``p_hard`` (GRESO's ``1 - skip_probability``)."""
         s = signed.to(torch.float64)
-        base = torch.where(s > 0, self.p_easy, self.p_hard).to(torch.float64)
+        # float64 operands: torch.where on two Python floats would round p to float32 first
+        p = torch.tensor([self.p_hard, self.p_easy], dtype=torch.float64)
+        base = p[(s > 0).to(torch.long)]
         return torch.where(s != 0, torch.clamp_min(base ** s.abs(), self.explore_floor), 1.0)
 
     def select(self, batch: Batch, score: Score, step: int) -> Selection:
