@@ -22,6 +22,7 @@ from dataflex_plugins.methods.scorers import GroupSolveRate
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Budget, Score
 from dataflex_bus.history import PromptHistory, PromptTable
+from dataflex_bus.visits import VisitClasses
 
 SEEDS = range(8)  # each test runs per seed; the cases per seed keep one under the unit tier's half second
 
@@ -492,6 +493,30 @@ def test_greso_keep_probabilities_and_adaptation_are_the_authors_over_random_run
         history.end_step(step)
         step += 1
     assert step > 5 and len(seen_p) > 2 and boundary_steps > 0  # it adapted, and crossed the first pass's end
+
+
+def test_greso_differs_from_the_authors_only_at_float32_edges():
+    # (a) the group mean: float32 in GRESO (1 + 0.1 + 8 x 0) / 10 = 0.10999999940 <= 0.11, hard; float64 here,
+    # 0.11000000015, other (never at GRESO's n = 8 with 0 / 0.1 / 1 rewards)
+    rewards = torch.tensor([[1.0, 0.1] + [0.0] * 8])
+    port = OfficialGreso()
+    port.trace[0] = [(0, rewards.mean(dim=1).item())]
+    history = PromptHistory(PromptTable.full(["d"], [1], column="row"), classes=VisitClasses(mode="greso"))
+    history.record(groups_batch([0], rewards), 0)
+    assert port.keep_probability(0) == pytest.approx(0.5) and int(history.fields(torch.tensor([0]))["history_class"]) \
+        == 0
+    # (b) a step exactly at the hard target 1/6 (7 of 10 groups, then none of 32): GRESO's float32 shares sum
+    # to 0.1666666638 < 1/6 and raise p_hard; the exact comparison here lowers it
+    port = OfficialGreso()
+    port.rollout(1, list(range(10)), torch.tensor([[0.1] * 8] * 7 + [[1.0] * 4 + [0.0] * 4] * 3))
+    port.rollout(1, list(range(32)), torch.tensor([[1.0] * 4 + [0.0] * 4] * 32))
+    port.end_step(1)
+    greso = Greso()
+    batch = Batch.from_tensors(uid=torch.arange(1), prompt_index=torch.arange(1), history_counts_epoch=torch.tensor(1),
+                               history_counts_step=torch.tensor(0), history_step_groups=torch.tensor(42),
+                               history_step_easy=torch.tensor(0), history_step_hard=torch.tensor(7))
+    greso.select(batch, Score(torch.zeros(1), "prompt"), 1)
+    assert (port.p_hard, greso.p_hard) == (0.51, 0.49)
 
 
 # ============================================================================ SPEED

@@ -204,8 +204,9 @@ class Knapsack(Allocator):
     beyond ``max_n`` per effective prompt goes to the others, never past ``max_n`` (the official spreads it past
     ``max_n``); no effective prompt and no prompt of rate 0 spreads the budget evenly (the official resets
     every prompt to ``n``, the same when the budget is plain GRPO's); ``solver: greedy`` (default) finds the
-    objective's optimum on whole tensors, ties to the earlier prompt (``solver: dp`` is the official DP, its
-    float32 values and tie order, bit for bit, ``O(E * R * max_n)``).
+    objective's optimum on whole tensors, ties to the earlier prompt (``solver: dp`` is the official pure-Python
+    DP as NumPy 2 runs it, its float32 gains and tie order, ``O(E * R * max_n)``; under NumPy 1, which the
+    authors pin, or its Numba path, the official breaks some ties between equal rates otherwise).
     """
 
     requires: ClassVar = ()
@@ -226,7 +227,7 @@ class Knapsack(Allocator):
         "objective": Param(str, "official", choices=OBJECTIVES,
                            doc="official: an extra of 0 rollouts scores 0 (the DP's quirk); exact: Value(min_n)"),
         "solver": Param(str, "greedy", choices=SOLVERS,
-                        doc="greedy: the optimum on whole tensors; dp: the official DP bit for bit (slow)"),
+                        doc="greedy: the optimum on whole tensors; dp: the official Python DP under NumPy 2 (slow)"),
     }
     negative_n: int | None
     positive_n: int | None
