@@ -195,6 +195,9 @@ class PromptHistory:
         # [step, groups, easy, hard] of the step being recorded and of the last completed one
         self.current = [-1, 0, 0, 0]
         self.completed = [-1, 0, 0, 0]
+        #: The pass over the prompts the last completed step's last candidate belonged to (GRESO gates its
+        #: adaptation on the epoch a step ends in); 0 before any.
+        self.completed_epoch = 0
 
     def __len__(self) -> int:
         return len(self.table)
@@ -224,7 +227,8 @@ class PromptHistory:
         rewards = torch.where(kept, self.reward_ring[index[:, None].expand(-1, self.reward_window), cols],
                               float("nan"))
         step, groups, easy, hard = self.completed
-        scalar = {"history_epoch": self.epoch, "history_counts_step": step, "history_step_groups": groups,
+        scalar = {"history_epoch": self.epoch, "history_counts_step": step,
+                  "history_counts_epoch": self.completed_epoch, "history_step_groups": groups,
                   "history_step_easy": easy, "history_step_hard": hard}
         return {"history_visits": visits, "history_last_step": self.last_step[index].to(torch.long),
                 "history_class": self.last_class[index].to(torch.long),
@@ -273,13 +277,18 @@ class PromptHistory:
         size = batch.group_sizes
         mean = segment_sum(r, gi, g) / size.clamp_min(1)
         low, high = segment_min(r, gi, g), segment_max(r, gi, g)
-        cls = self.classes.classify(mean, low, high, size)
-        counted = self.classes.count_class(mean, low, high, size)
+        cls = self.classes.classify(mean, low, high, size, batch.rewards.dtype)
+        counted = self.classes.count_class(mean, low, high, size, batch.rewards.dtype)
         success = segment_sum((batch.rewards > SUCCESS_THRESHOLD).to(torch.long), gi, g)
         prompt = lo_p.to(torch.long)
         self._record_rewards(batch, prompt, arrival)
         self._visit(prompt[arrival], cls[arrival], mean[arrival], step, size[arrival], success[arrival])
-        self._update_states(prompt[arrival], size[arrival], success[arrival], step)
+        if self.states:
+            # each state's own success rule (MoPPS: reward >= 1), else the history's
+            rules = {name: success if spec.success_min is None else
+                     segment_sum((batch.rewards >= spec.success_min).to(torch.long), gi, g)
+                     for name, spec in self.specs.items()}
+            self._update_states(prompt[arrival], size[arrival], {n: k[arrival] for n, k in rules.items()}, step)
         if self.current[0] != step:
             self.current = [step, 0, 0, 0]
         n_easy, n_hard = int((counted == EASY).sum()), int((counted == HARD).sum())
@@ -312,12 +321,11 @@ class PromptHistory:
         self.reward_ring[p[write], slot[write]] = batch.rewards[rows[write]].to(torch.float32)
         self.reward_count[uniq] = before + counts
 
-    def _update_states(self, prompt: Tensor, size: Tensor, success: Tensor, step: int) -> None:
-        """Hand the visits (in arrival order) to the components owning per-prompt state. A component sees
-        distinct prompts per call, so a prompt visited twice in one batch (two refill rounds drawing it) is
-        updated twice, in order: one call per repeat, a loop as long as the most repeated prompt's visits."""
-        if not self.states:
-            return
+    def _update_states(self, prompt: Tensor, size: Tensor, success: dict[str, Tensor], step: int) -> None:
+        """Hand the visits (in arrival order; ``success`` by state name, each by its own rule) to the components
+        owning per-prompt state. A component sees distinct prompts per call, so a prompt visited twice in one
+        batch (two refill rounds drawing it) is updated twice, in order: one call per repeat, a loop as long as
+        the most repeated prompt's visits."""
         order = torch.sort(prompt, stable=True).indices
         p = prompt[order]
         uniq, counts = torch.unique_consecutive(p, return_counts=True)
@@ -326,8 +334,8 @@ class PromptHistory:
         rank[order] = torch.arange(p.numel()) - (torch.cumsum(counts, 0) - counts)[seg]
         for wave in range(int(counts.max())):
             at = torch.nonzero(rank == wave).flatten()
-            visits = Visits(prompt[at], size[at].to(torch.long), success[at].to(torch.long), step)
             for name, state in self.states.items():
+                visits = Visits(prompt[at], size[at].to(torch.long), success[name][at].to(torch.long), step)
                 new = self._updates[name](state[visits.prompt].clone(), visits)
                 spec = self.specs[name]
                 if not isinstance(new, Tensor) or tuple(new.shape) != (at.numel(), spec.width):
@@ -379,6 +387,7 @@ class PromptHistory:
     def end_step(self, step: int) -> None:
         """The step is complete: its counts become the ones :meth:`fields` reports."""
         self.completed = [step, *self.current[1:]] if self.current[0] == step else [step, 0, 0, 0]
+        self.completed_epoch = max(self.considered - 1, 0) // len(self.table)
         self.current = [-1, 0, 0, 0]
 
     # ------------------------------------------------------------------ state
@@ -390,6 +399,7 @@ class PromptHistory:
             "ring_step": self.ring_step.clone(), "ring_mean": self.ring_mean.clone(),
             "ring_class": self.ring_class.clone(), "considered": self.considered,
             "current": list(self.current), "completed": list(self.completed),
+            "completed_epoch": self.completed_epoch,
             "ring_size": self.ring_size.clone(), "ring_success": self.ring_success.clone(),
             "reward_ring": self.reward_ring.clone(), "reward_count": self.reward_count.clone(),
             "reward_window": self.reward_window,
@@ -432,6 +442,8 @@ class PromptHistory:
         self.considered = int(state["considered"])
         self.current = [int(x) for x in state["current"]]
         self.completed = [int(x) for x in state["completed"]]
+        # saved between steps, where the last candidate considered is the completed step's (older checkpoints)
+        self.completed_epoch = int(state.get("completed_epoch", max(self.considered - 1, 0) // len(self.table)))
 
 
 def _describe(fp: Any) -> str:

@@ -8,12 +8,14 @@ fields named here and may say how visits are classified (:meth:`Component.visit_
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, ConfigIssue
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 #: Visit classes. A visit is *easy* (all right) or *hard* (all wrong) under :class:`VisitClasses`;
@@ -48,6 +50,7 @@ CANDIDATE_FIELDS = (
 STEP_FIELDS = (
     "history_epoch",         # passes over the prompt table so far (candidates considered // prompts)
     "history_counts_step",   # the completed step the three counts describe, -1 before the first
+    "history_counts_epoch",  # the pass its last candidate belonged to ((considered - 1) // prompts), 0 before
     "history_step_groups",   # groups rolled out in that step (every generation round)
     "history_step_easy",     # of which easy (by VisitClasses.count_class)
     "history_step_hard",     # of which hard
@@ -63,10 +66,13 @@ class PromptState:
     ``on_prompts`` as the ``[N, width]`` field :attr:`field` (``history_<name>``), updates it at every visit
     through the component's :meth:`~dataflex_bus.components.Component.update_prompt_state`, and saves it
     with the rest of the history (so a resume on another dataset is refused and a resumed run continues
-    exactly)."""
+    exactly). ``success_min`` is the component's own success rule for the :class:`Visits` its update sees: a
+    rollout is a success when its reward is at least this (MoPPS's trainer: ``reward >= 1``); ``None``, the
+    history's rule (reward above :data:`SUCCESS_THRESHOLD`)."""
 
     name: str
     init: tuple[float, ...]
+    success_min: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or f"history_{self.name}" in FIELDS:
@@ -74,6 +80,9 @@ class PromptState:
                                           "built-in history field"))
         if not self.init:
             raise ConfigError(ConfigIssue("prompt_state", f"{self.name!r}: give at least one initial value"))
+        if self.success_min is not None and not math.isfinite(self.success_min):
+            raise ConfigError(ConfigIssue("prompt_state", f"{self.name!r}: success_min must be finite, got "
+                                          f"{self.success_min!r}"))
 
     @property
     def field(self) -> str:
@@ -88,7 +97,8 @@ class PromptState:
 class Visits:
     """Visits handed to :meth:`~dataflex_bus.components.Component.update_prompt_state`: one per rolled-out
     group of distinct prompts (``prompt``, long ``[V]``, dense indices), its rollouts (``size``) and successes
-    (``successes``, reward > :data:`SUCCESS_THRESHOLD`), both long ``[V]``, and the step."""
+    (``successes``: by the state's :attr:`PromptState.success_min` if it sets one, else reward >
+    :data:`SUCCESS_THRESHOLD`), both long ``[V]``, and the step."""
 
     prompt: Tensor
     size: Tensor
@@ -123,27 +133,39 @@ class VisitClasses:
         if self.mode not in MODES:
             raise ConfigError(ConfigIssue("mode", f"{self.mode!r} is not a visit-class mode", MODES))
 
-    def classify(self, mean: Tensor, low: Tensor, high: Tensor, size: Tensor) -> Tensor:
-        """Long ``[G]``: the class of each visit (streak rule)."""
+    def classify(self, mean: Tensor, low: Tensor, high: Tensor, size: Tensor,
+                 dtype: torch.dtype | None = None) -> Tensor:
+        """Long ``[G]``: the class of each visit (streak rule). ``dtype``: the rewards' own dtype (see
+        :meth:`count_class`); the reward values ``easy_min``/``hard_max`` are rounded to it."""
         groups = size > 1  # a singleton is trivially "all equal": never a streak (P1.8)
-        if self.mode == "greso":
+        if self.mode == "greso":  # GRESO compares the group mean with its thresholds as Python floats
             easy = groups & (mean >= self.tau_easy)
             hard = groups & (mean <= self.tau_hard) & ~easy
         else:
             zv = groups & (low == high)
-            easy = zv & (low >= self.easy_min)
-            hard = zv & (high <= self.hard_max) & ~easy
+            easy = zv & (low >= _as(self.easy_min, dtype))
+            hard = zv & (high <= _as(self.hard_max, dtype)) & ~easy
         return _classes(easy, hard)
 
-    def count_class(self, mean: Tensor, low: Tensor, high: Tensor, size: Tensor) -> Tensor:
-        """Long ``[G]``: the class each visit counts as in the per-step counts."""
+    def count_class(self, mean: Tensor, low: Tensor, high: Tensor, size: Tensor,
+                    dtype: torch.dtype | None = None) -> Tensor:
+        """Long ``[G]``: the class each visit counts as in the per-step counts. ``dtype``: the dtype the rewards
+        came in (``low``/``high`` may be wider): ``count_easy``/``count_hard`` are rounded to it first, as
+        GRESO's float32 ``reward == 0.1`` does (a float32 0.1 is not the float64 0.1)."""
         if self.mode != "greso":
-            return self.classify(mean, low, high, size)
+            return self.classify(mean, low, high, size, dtype)
         same = (size > 1) & (low == high)
-        return _classes(same & (low == self.count_easy), same & (low == self.count_hard))
+        return _classes(same & (low == _as(self.count_easy, dtype)), same & (low == _as(self.count_hard, dtype)))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _as(value: float, dtype: torch.dtype | None) -> float:
+    """``value`` rounded to ``dtype`` (as a tensor of that dtype compared with a Python float holds it)."""
+    import torch
+
+    return value if dtype is None else float(torch.tensor(value, dtype=dtype))
 
 
 def _classes(easy: Tensor, hard: Tensor) -> Tensor:

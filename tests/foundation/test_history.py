@@ -60,6 +60,24 @@ def test_greso_mode_classes_and_counts():
     assert classes.count_class(*stats).tolist() == [EASY, OTHER, OTHER, HARD, OTHER, OTHER]
 
 
+def test_greso_counts_compare_the_rewards_in_their_own_float32():
+    # GRESO's R_hard counts groups whose float32 rewards all equal 0.1 (`reward_tensor == 0.1` rounds 0.1 to
+    # float32); the history's rewards are float32 too, so a float64 0.1 would never match and R_hard stay 0
+    history = PromptHistory(PromptTable.full(["d"], [3], column="row"), classes=VisitClasses(mode="greso"))
+    rewards = torch.tensor([0.1] * 8 + [1.0] * 8 + [0.0] * 8)
+    batch = Batch.from_tensors(uid=torch.arange(24) // 8, prompt_index=torch.arange(24) // 8,
+                               rm_scores=rewards[:, None], response_mask=torch.ones(24, 1, dtype=torch.long))
+    history.record(batch, 0)
+    history.end_step(0)
+    fields = history.fields(torch.arange(3))
+    assert fields["history_class"].tolist() == [HARD, EASY, HARD]
+    assert [int(fields[f"history_step_{k}"]) for k in ("groups", "easy", "hard")] == [3, 1, 1]
+    # zero_variance mode: a reward value set as hard_max is matched the same way
+    history = PromptHistory(PromptTable.full(["d"], [3], column="row"), classes=VisitClasses(hard_max=0.1))
+    history.record(batch, 0)
+    assert history.fields(torch.arange(3))["history_class"].tolist() == [HARD, EASY, HARD]
+
+
 def test_unknown_mode_is_refused():
     with pytest.raises(ConfigError, match="mode"):
         VisitClasses(mode="zv")
@@ -168,6 +186,27 @@ def test_epoch_counts_passes_over_the_prompts():
     assert h.epoch == 0
     h.consider(6)
     assert h.epoch == 2 and int(h.fields(torch.tensor([0]))["history_epoch"]) == 2
+
+
+def test_the_counted_steps_epoch_is_the_pass_its_last_candidate_was_in():
+    # GRESO adapts at the end of a step if the epoch it ends in is past the first: a step whose last candidate
+    # is the first pass's last prompt ended in epoch 0, although the next draw starts epoch 1
+    h = history(n=4)
+    h.consider(2)
+    h.end_step(0)
+    h.consider(2)
+    h.end_step(1)
+    f = h.fields(torch.tensor([0]))
+    assert (int(f["history_epoch"]), int(f["history_counts_epoch"])) == (1, 0)
+    h.consider(1)
+    h.end_step(2)
+    assert int(h.fields(torch.tensor([0]))["history_counts_epoch"]) == 1
+    again = history(n=4)
+    again.load_state_dict(h.state_dict())
+    assert int(again.fields(torch.tensor([0]))["history_counts_epoch"]) == 1
+    old = {k: v for k, v in h.state_dict().items() if k != "completed_epoch"}  # a checkpoint from before
+    again.load_state_dict(old)
+    assert int(again.fields(torch.tensor([0]))["history_counts_epoch"]) == 1
 
 
 def test_record_needs_consistent_prompt_ids():

@@ -312,6 +312,35 @@ def test_m1_m2_m3_the_posterior_update():
         [[4.0, 5.0]]
 
 
+def mopps_history(scorer: Mopps, prompts: int = 1) -> PromptHistory:
+    history = PromptHistory(PromptTable.full(["d"], [prompts], column="row"))
+    history.own(scorer.prompt_state(), scorer.update_prompt_state)
+    return history
+
+
+def record_group(history: PromptHistory, rewards: list[float], step: int = 0) -> None:
+    n = len(rewards)
+    zeros = torch.zeros(n, dtype=torch.long)
+    history.record(Batch.from_tensors(uid=zeros, prompt_index=zeros, rm_scores=torch.tensor(rewards)[:, None],
+                                      response_mask=torch.ones(n, 1, dtype=torch.long)), step)
+
+
+def test_mopps_counts_a_success_as_the_authors_trainer_does():
+    # issue #34: prior (3.33, 2.68), 12 rollouts; the trainer counts acc >= 1 (our_ray_trainer.py:451): 5 of 12
+    rewards = [0, 0, 0.75, 1, 1, 0, 0.75, 1, 0, 1, 1, 0.75]
+    scorer = Mopps(prior_alpha=3.33, prior_beta=2.68)
+    history = mopps_history(scorer)
+    record_group(history, rewards)
+    assert history.fields(torch.tensor([0]))["history_beta_posterior"][0].tolist() == pytest.approx([8.33, 9.68])
+    # a named threshold: at least 0.75 counts 8 of 12 (the bus's other methods count rewards above 0.5)
+    lenient = Mopps(prior_alpha=3.33, prior_beta=2.68, success_min=0.75)
+    history = mopps_history(lenient)
+    record_group(history, rewards)
+    assert history.fields(torch.tensor([0]))["history_beta_posterior"][0].tolist() == pytest.approx([11.33, 6.68])
+    with pytest.raises(ConfigError, match="success_min"):
+        Mopps(success_min=float("nan"))
+
+
 def test_m6_posterior_moments():
     for (a, b), (mean, var) in {(1, 1): (0.5, 0.083333), (4, 6): (0.4, 0.021818), (6.5, 7.5): (0.464286, 0.016582),
                                 (1, 9): (0.1, 0.008182)}.items():

@@ -17,7 +17,8 @@ from dataflex_bus.visits import EASY, HARD, OTHER, VisitClasses
 def candidates(streaks: list[int], classes: list[int], *, counts_step: int = -1, epoch: int = 1,
                groups: int = 0, easy: int = 0, hard: int = 0) -> Batch:
     n = len(streaks)
-    scalar = {"history_epoch": epoch, "history_counts_step": counts_step, "history_step_groups": groups,
+    scalar = {"history_epoch": epoch, "history_counts_epoch": epoch, "history_counts_step": counts_step,
+              "history_step_groups": groups,
               "history_step_easy": easy, "history_step_hard": hard}
     return Batch.from_tensors(uid=torch.arange(n), prompt_index=torch.arange(n),
                               history_streak=torch.tensor(streaks), history_class=torch.tensor(classes),
@@ -117,6 +118,14 @@ def test_adaptation_respects_bounds_epochs_and_empty_steps():
     assert frozen.adapted_through == 0  # that step's chance to adapt is used up
     assert adapt(frozen, counts_step=1, epoch=1, groups=0) == (0.5, 0.5)
     assert adapt(Greso(), counts_step=-1, groups=10, easy=10) == (0.5, 0.5)
+    # the epoch the counted step ended in decides (GRESO's `epoch > 0` at the end of the step), not the next draw's
+    late = Greso()
+    batch = candidates([0], [OTHER], counts_step=3, epoch=1, groups=10, easy=10, hard=10)
+    batch = batch.with_fields(history_counts_epoch=torch.tensor(0))
+    from dataflex_bus.components import Score
+
+    late.select(batch, Score(torch.zeros(1), "prompt"), 0)
+    assert (late.p_easy, late.p_hard) == (0.5, 0.5)
 
 
 def test_parameter_rules():

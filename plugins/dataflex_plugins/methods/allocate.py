@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -93,30 +94,42 @@ def greedy_extras(p: Tensor, capacity: int, *, min_n: int, extra: int, objective
     return torch.bincount(order // k, minlength=e)
 
 
-def dp_extras(p: Tensor, capacity: int, *, min_n: int, extra: int, objective: str) -> tuple[Tensor, int]:
-    """The official dynamic programme (``exploration_utils.py:345-414``) bit for bit: values in float32 as the
-    official code computes them (its success rates are a float32 array), summed in float64, ties to the first
-    option found (``k = 0``, then increasing ``k``), the largest reachable budget backtracked. Returns the
-    extras and the budget it could not place (spread by the caller). A loop over the prompts, each a
-    ``[capacity + 1, extra + 1]`` maximum: ``O(E * capacity * extra)``, for reproduction only."""
-    import numpy as np
+def official_gains(rate: float, min_n: int, extra: int) -> np.ndarray:
+    """Float32 ``[extra]``: the official DP's gain of ``k = 1..extra`` extra rollouts at success rate ``rate``,
+    ``(1 - r^(k + min_n) - (1 - r)^(k + min_n)) r (1 - r)^2`` evaluated as ``exploration_utils.py:383-386``
+    does under NumPy 2: one float32 scalar operation at a time (the rate from its float32 array; NumPy 2 keeps
+    a float32 scalar with a Python int in float32). Scalar on purpose: NumPy's SIMD array ``power`` rounds
+    differently from its scalar one, so no vectorised form gives the same bits. Every operand is a float32
+    scalar, so NumPy 1's promotion rules (float64) do not apply here."""
+    one, r = np.float32(1), np.float32(rate)
+    q = one - r
+    q2 = q ** np.float32(2)
+    return np.array([(one - r ** np.float32(k) - q ** np.float32(k)) * r * q2  # the official's order of operations
+                     for k in range(min_n + 1, min_n + extra + 1)], dtype=np.float32)
 
+
+def dp_extras(p: Tensor, capacity: int, *, min_n: int, extra: int, objective: str) -> tuple[Tensor, int]:
+    """The official dynamic programme (``exploration_utils.py:345-414``, its pure-Python path as NumPy 2 runs
+    it) bit for bit: gains in float32 (:func:`official_gains`), summed in float64, ties to the first option found
+    (``k = 0``, then increasing ``k``), the largest reachable budget backtracked. Returns the extras and the
+    budget it could not place (spread by the caller). A loop over the prompts, each a ``[capacity + 1, extra +
+    1]`` maximum: ``O(E * capacity * extra)``, for reproduction only."""
     e = p.numel()
     dp = torch.full((capacity + 1,), float("-inf"), dtype=torch.float64)
     dp[0] = 0.0
     if e == 0 or capacity <= 0:
         return torch.zeros(e, dtype=torch.long), max(capacity, 0)
     choice = torch.zeros((e, capacity + 1), dtype=torch.int32)
-    ks = np.arange(1, extra + 1) + min_n
-    rates = p.to(torch.float32).numpy()
+    rates = p.to(torch.float32).tolist()
+    gains: dict[float, Tensor] = {}  # per distinct rate (rates are often k / 16): the scalar loop runs once each
     for j in range(e):  # inherent to the DP: each prompt's table row depends on the previous one's
         r = rates[j]
-        gains = ((np.float32(1) - r ** ks - (np.float32(1) - r) ** ks) * r * (np.float32(1) - r) ** 2)
-        base = 0.0 if objective == "official" else float(
-            (np.float32(1) - r ** min_n - (np.float32(1) - r) ** min_n) * r * (np.float32(1) - r) ** 2)
-        gain = torch.cat([torch.tensor([base], dtype=torch.float64), torch.from_numpy(gains.astype(np.float64))])
+        if r not in gains:
+            base = 0.0 if objective == "official" else float(official_gains(r, min_n - 1, 1)[0])  # Value(min_n)
+            gains[r] = torch.cat([torch.tensor([base], dtype=torch.float64),
+                                  torch.from_numpy(official_gains(r, min_n, extra).astype(np.float64))])
         padded = torch.cat([torch.full((extra,), float("-inf"), dtype=torch.float64), dp])
-        cand = padded.unfold(0, extra + 1, 1).flip(1) + gain  # cand[w, k] = dp[w - k] + gain[k]
+        cand = padded.unfold(0, extra + 1, 1).flip(1) + gains[r]  # cand[w, k] = dp[w - k] + gain[k]
         choice[j] = torch.argmax(cand, dim=1).to(torch.int32)  # the first maximum: the official strict '>'
         dp = cand.max(dim=1).values
     reachable = torch.nonzero(dp > float("-inf")).flatten()
@@ -191,8 +204,9 @@ class Knapsack(Allocator):
     beyond ``max_n`` per effective prompt goes to the others, never past ``max_n`` (the official spreads it past
     ``max_n``); no effective prompt and no prompt of rate 0 spreads the budget evenly (the official resets
     every prompt to ``n``, the same when the budget is plain GRPO's); ``solver: greedy`` (default) finds the
-    objective's optimum on whole tensors, ties to the earlier prompt (``solver: dp`` is the official DP, its
-    float32 values and tie order, bit for bit, ``O(E * R * max_n)``).
+    objective's optimum on whole tensors, ties to the earlier prompt (``solver: dp`` is the official pure-Python
+    DP as NumPy 2 runs it, its float32 gains and tie order, ``O(E * R * max_n)``; under NumPy 1, which the
+    authors pin, or its Numba path, the official breaks some ties between equal rates otherwise).
     """
 
     requires: ClassVar = ()
@@ -213,7 +227,7 @@ class Knapsack(Allocator):
         "objective": Param(str, "official", choices=OBJECTIVES,
                            doc="official: an extra of 0 rollouts scores 0 (the DP's quirk); exact: Value(min_n)"),
         "solver": Param(str, "greedy", choices=SOLVERS,
-                        doc="greedy: the optimum on whole tensors; dp: the official DP bit for bit (slow)"),
+                        doc="greedy: the optimum on whole tensors; dp: the official Python DP under NumPy 2 (slow)"),
     }
     negative_n: int | None
     positive_n: int | None

@@ -28,7 +28,8 @@ STRATEGIES = ("topk", "threshold")
 
 class Mopps(Scorer):
     """MoPPS's posterior and Thompson draw (``recipe/ours/mopps.py``). Per prompt ``(alpha, beta)`` start at the
-    prior and after every visit of ``k`` rollouts with ``s`` successes (reward > 0.5) become
+    prior and after every visit of ``k`` rollouts with ``s`` successes (reward ``>= success_min``, 1.0 as the
+    authors' trainer counts them, ``our_ray_trainer.py:451``) become
     ``alpha <- decay * alpha + (1 - decay) * prior_alpha + s`` and ``beta <- decay * beta + (1 - decay) * prior_beta
     + (k - s)`` (the README's formula with the group's own size, so ragged groups count right; the official code
     multiplies the success rate by ``rollout.n``, the same for uniform groups, and its precedence quirk sets
@@ -52,6 +53,8 @@ class Mopps(Scorer):
         "lower": Param(float, 0.3, low=0.0, high=1.0, doc="threshold: lower edge of the band"),
         "upper": Param(float, 0.7, low=0.0, high=1.0, doc="threshold: upper edge of the band"),
         "seed": Param(int, 0, low=0, doc="seed of the Thompson draws"),
+        "success_min": Param(float, 1.0, doc="a rollout is a success when its reward is at least this (1.0: the "
+                             "authors' trainer, acc >= 1; the bus's history counts rewards above 0.5)"),
     }
     prior_alpha: float
     prior_beta: float
@@ -61,6 +64,7 @@ class Mopps(Scorer):
     lower: float
     upper: float
     seed: int
+    success_min: float
 
     STATE = "beta_posterior"
 
@@ -75,7 +79,8 @@ class Mopps(Scorer):
         self.rng = np.random.Generator(np.random.PCG64(int(self.seed)))
 
     def prompt_state(self) -> PromptState:
-        return PromptState(self.STATE, (float(self.prior_alpha), float(self.prior_beta)))
+        return PromptState(self.STATE, (float(self.prior_alpha), float(self.prior_beta)),
+                           success_min=float(self.success_min))
 
     def update_prompt_state(self, state: Tensor, visits: Visits) -> Tensor:
         lam = float(self.decay)

@@ -19,6 +19,7 @@ from fractions import Fraction
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Scorer, Selection, Selector
@@ -93,8 +94,8 @@ class Greso(Selector):
     the prompts.
     """
 
-    requires: ClassVar = ("history_epoch", "history_counts_step", "history_step_groups", "history_step_easy",
-                          "history_step_hard")
+    requires: ClassVar = ("history_counts_epoch", "history_counts_step", "history_step_groups",
+                          "history_step_easy", "history_step_hard")
     accepts: ClassVar = ("prompt",)
     uses_history: ClassVar = True
     params: ClassVar = {
@@ -143,7 +144,8 @@ class Greso(Selector):
             return
         self.adapted_through = counts_step
         groups = int(batch["history_step_groups"])
-        if int(batch["history_epoch"]) < self.adapt_from_epoch or groups == 0:
+        # the epoch the counted step ended in, as GRESO's `if epoch > 0` at the end of a step reads it
+        if int(batch["history_counts_epoch"]) < self.adapt_from_epoch or groups == 0:
             return
         # R >= target on integer counts against the target as written (0.3, not 0.29999...): exact at the edge.
         alpha, delta = Fraction(repr(float(self.target_zero_variance))), self.step
@@ -158,11 +160,18 @@ class Greso(Selector):
         else:
             self.p_hard = min(self.p_hard + delta, self.p_max)
 
+    def keep_probability(self, signed: Tensor) -> Tensor:
+        """Float64 ``[N]``: each candidate's keep probability from its signed streak at the current ``p_easy``
+        and ``p_hard`` (GRESO's ``1 - skip_probability``)."""
+        s = signed.to(torch.float64)
+        # float64 operands: torch.where on two Python floats would round p to float32 first
+        p = torch.tensor([self.p_hard, self.p_easy], dtype=torch.float64)
+        base = p[(s > 0).to(torch.long)]
+        return torch.where(s != 0, torch.clamp_min(base ** s.abs(), self.explore_floor), 1.0)
+
     def select(self, batch: Batch, score: Score, step: int) -> Selection:
         self._adapt(batch)
-        s = score.values.to(torch.float64)
-        base = torch.where(s > 0, self.p_easy, self.p_hard).to(torch.float64)
-        keep_prob = torch.where(s != 0, torch.clamp_min(base ** s.abs(), self.explore_floor), 1.0)
+        keep_prob = self.keep_probability(score.values)
         u = torch.rand(len(batch), generator=self.generator, dtype=torch.float64)
         valid = batch.valid_rows
         keep = (u < keep_prob) & valid
