@@ -232,7 +232,7 @@ def test_random_visits_evict_what_the_official_exclusion_evicts():
 def test_a_committed_visit_counts_its_commit_rollouts_below_threshold_one():
     from dataflex_plugins.methods.pilot_commit import MaxSolveRate
 
-    pilot, commit = [1.0, 0.0], [1.0] * 6  # pilot mean 0.5 (committed), visit 7/8
+    pilot = [1.0, 0.0]  # pilot mean 0.5: committed; its 6 commit rollouts all right make the visit 7/8
     assert official_exclude_batch([0, 0], pilot, 0.8) == []
     visits = Visits(prompt=torch.tensor([0]), size=torch.tensor([8]), successes=torch.tensor([7]), step=0)
     state = MaxSolveRate().update_prompt_state(torch.zeros(1, 1, dtype=torch.float64), visits)
@@ -292,7 +292,7 @@ def test_the_commit_round_needs_the_host_group_size():
     batch = rows([0], [[1.0, 0.0]])
     with pytest.raises(BatchFieldError, match="budget_group_size"):
         PilotCommit(n_commit=2).allocate(batch, GroupSolveRate().score(batch, 0), 0, Budget(0, 1, 0, round=1))
-    with pytest.raises(BatchFieldError, match="score.counts"):
+    with pytest.raises(BatchFieldError, match=r"score\.counts"):
         from dataflex_bus.components import Score
 
         PilotCommit(n_commit=2).allocate(batch, Score(torch.zeros(2), "prompt"), 0, Budget(0, 1, 2))
