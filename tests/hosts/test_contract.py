@@ -477,9 +477,10 @@ def test_a_host_lacking_a_capability_skips_the_cases_that_need_it_and_runs_the_r
     with pytest.raises(RuntimeError, match="ran"):  # a case it can carry out runs
         test_the_same_decisions_are_carried_out_the_same_way(host, "reweight", lambda case: [], None, monkeypatch)
     assert host.ran == [CASES["reweight"].block]
-    # prompt selection: the on_prompts selections and allocations; refill: its three policies
+    # prompt selection: the on_prompts selections and allocations (Pilot-Commit's eviction); refill: its policies
     assert skipped(FourthHost({"prompt_selection", "refill"}).description()) == {
         "prompts-greso": ["prompt_selection"], "prompts-mopps": ["prompt_selection"],
         "allocate-knapsack": ["prompt_selection"], "allocate-knapsack-skip": ["prompt_selection"],
+        "allocate-pilot-commit": ["prompt_selection"],
         "refill-fixed": ["refill"], "refill-credit2": ["refill"], "refill-greso": ["refill"]}
     assert skipped(FourthHost(set()).description()) == {}
