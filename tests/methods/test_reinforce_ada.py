@@ -295,3 +295,14 @@ def test_a_pool_beyond_max_n_is_refused_from_the_host():
 def test_final_keep_above_the_round_size_is_warned():
     cfg = validate(block(n=8), host=ANY_HOST.replace(name="lab", group_size=4))
     assert any("final_keep=8 is above the round size 4" in w.message for w in cfg.warnings)
+
+
+def test_the_selection_probe_leaves_out_what_follows_continuation_rounds():
+    """The probe's groups are one round of the host's size; after reinforce_ada's rounds the downsampling sees
+    the pools, so a probe saying it keeps every row (a pool of 8 at n = 8) would be wrong: no warning."""
+    cfg = validate(block(n=8), host=ANY_HOST.replace(name="lab", group_size=8))
+    assert not [w for w in cfg.warnings if "probe batch" in w.message]
+    alone = validate({"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+                      "actuator": {"name": "ada_downsample", "params": {"final_keep": 8}}},
+                     host=ANY_HOST.replace(name="lab", group_size=8))
+    assert [w for w in alone.warnings if "keeps every row of a probe batch" in w.message]
