@@ -312,6 +312,16 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
     return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
 
 
+def _yaml_scalar(value: Any) -> str:
+    """``value`` as JSON, which is YAML, except a float in exponent form: YAML 1.1 (PyYAML) reads ``1e-06`` as a
+    string, ``1.0e-06`` as the float."""
+    text = json.dumps(value)
+    if isinstance(value, float) and "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent if exponent[0] in '+-' else '+' + exponent}"
+    return text
+
+
 def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
     """The block as YAML; the component's own required parameters are marked (JSON scalars are YAML)."""
     lines = ["dataflex:", f"  mechanism: {block['mechanism']}"]
@@ -326,7 +336,7 @@ def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
             note = ""
             if name == slot and cls.params[key].required:
                 note = f"  # required: {cls.params[key].describe()}"
-            lines.append(f"      {key}: {json.dumps(value)}{note}")
+            lines.append(f"      {key}: {_yaml_scalar(value)}{note}")
     return "\n".join(lines)
 
 

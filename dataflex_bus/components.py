@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
+    from .block import MethodConfig
     from .host import HostDescription
     from .visits import PromptState, VisitClasses, Visits
 
@@ -187,6 +188,15 @@ class Actuator(Component):
     needs_groups: ClassVar[bool] = False
     #: Scorers whose statistic this actuator is defined on (its paper's); others are warned, not refused.
     intended_scorers: ClassVar[Sequence[str]] = ()
+
+    @classmethod
+    def check_block(cls, key: str, method: MethodConfig,
+                    block: Sequence[tuple[str, MethodConfig]]) -> list[ConfigIssue]:
+        """Rules between this actuator's method (config key ``key``) and the other methods of its block:
+        ``block`` holds every method of it with its key, this one included, each validated (``method.resolved``:
+        its components and checked parameters). A method whose rule another method applies too (Reinforce-Ada's
+        downsampling and its rounds) checks here that the two agree. Default: no rule."""
+        return []
 
 
 @dataclass

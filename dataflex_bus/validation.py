@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .block import DataflexConfig, MethodConfig, Resolved
-from .components import TIMINGS, Actuator, Scorer, Selector, as_score, resolve_params
+from .components import TIMINGS, Actuator, Allocator, Scorer, Selector, as_score, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
 from .host import ANY_HOST, GROUP_ESTIMATORS, NON_GROUP_ESTIMATORS, HostDescription
 from .mechanisms import mechanism, mechanisms
@@ -132,6 +132,7 @@ def validate(
         found = _validate_method(method, cfg, registry, host, mkey, issues, built)
         classes.append(found)
     issues.extend(_check_stack(cfg, classes, key))
+    issues.extend(_check_block(cfg, classes, key))
     issues.extend(_check_history(cfg, classes, key, built))
     issues.extend(_check_refill(cfg, host, key))
     if not issues and host.check is not None:
@@ -330,6 +331,17 @@ def _check_stack(cfg: DataflexConfig, classes: list[_Classes | None], key: str) 
     return issues
 
 
+def _check_block(cfg: DataflexConfig, classes: list[_Classes | None], key: str) -> list[ConfigIssue]:
+    """Each actuator's rules between its method and the others of the block (:meth:`Actuator.check_block`),
+    over the methods that validated."""
+    block = [(k, m) for k, m in zip(method_keys(cfg, key), cfg.methods) if m.resolved is not None]
+    issues: list[ConfigIssue] = []
+    for (k, method), found in zip(zip(method_keys(cfg, key), cfg.methods), classes):
+        if found is not None and method.resolved is not None:
+            issues.extend(found[1].check_block(k, method, block))
+    return issues
+
+
 def _stack_warnings(cfg: DataflexConfig, classes: list[tuple[type[Scorer], type[Actuator]] | None],
                     key: str) -> list[ConfigIssue]:
     """A scorer other than the statistic the actuator is defined on; a method reading advantages that a
@@ -372,6 +384,12 @@ def _selection_warnings(cfg: DataflexConfig, key: str, n: int, built: _Built) ->
     selects = [i for i, m in enumerate(cfg.methods)
                if m.resolved is not None and issubclass(cls := m.resolved.actuator.load(), Selector)
                and not cls.selects_tokens]
+    # An allocator's continuation rounds grow the groups after on_rollout (Reinforce-Ada): a later selection
+    # sees those pools, not the probe's groups of one round.
+    if any(m.resolved is not None and m.resolved.event == "on_rollout"
+           and issubclass(a := m.resolved.actuator.load(), Allocator) and a.rounds > 1 for m in cfg.methods):
+        selects = [i for i in selects if (r := cfg.methods[i].resolved) is not None
+                   and r.event in ("on_prompts", "on_rollout")]
     if not selects or n < 2:
         return []
     import torch

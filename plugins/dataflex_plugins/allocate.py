@@ -1,4 +1,4 @@
-"""Plugin ``allocate``: the built-in allocators (mechanism ``allocate``) and their scorer."""
+"""Plugin ``allocate``: the built-in allocators (mechanism ``allocate``) and their scorers."""
 
 from dataflex_bus import hookimpl
 
@@ -13,3 +13,9 @@ def dataflex_register(register):
              summary="Knapsack RL: rollouts per prompt maximising sum Value(n, p) under the step's budget")
     register("allocator", "speed", f"{_M}:Speed",
              summary="SPEED: screen with the group size, continue the prompts with 0 < p < 1 in a second round")
+    register("allocator", "pilot_commit", "dataflex_plugins.methods.pilot_commit:PilotCommit",
+             summary="Pilot-Commit: a pilot with the group size, n_commit more for prompts in the diversity band")
+    register("scorer", "max_solve_rate", "dataflex_plugins.methods.pilot_commit:MaxSolveRate",
+             summary="pre-rollout: the highest success rate of any visit of the prompt so far (0: never rolled out)")
+    register("allocator", "reinforce_ada", "dataflex_plugins.methods.reinforce_ada:ReinforceAda",
+             summary="Reinforce-Ada: rounds of the group size for each prompt until it has both outcomes")

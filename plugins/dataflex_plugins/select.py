@@ -21,3 +21,7 @@ def dataflex_register(register):
              summary="GRESO: skip prompts likely zero-variance again, before generation (adaptive exploration)")
     register("selector", "top_b", "dataflex_plugins.methods.mopps:TopB",
              summary="pre-rollout: keep the B best-scored candidates of a pool of pool x B (MoPPS)")
+    register("selector", "exclude_solved", "dataflex_plugins.methods.pilot_commit:ExcludeSolved",
+             summary="drop prompts scored at or above exclude_threshold (Pilot-Commit's eviction of solved prompts)")
+    register("selector", "ada_downsample", "dataflex_plugins.methods.reinforce_ada:AdaDownsample",
+             summary="Reinforce-Ada: per group keep n balanced rows, advantages against the whole pool's mean")

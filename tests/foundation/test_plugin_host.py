@@ -400,3 +400,14 @@ def test_validation_reports_invalid_attributes_as_a_config_issue(dataflex_regist
         validate({"mechanism": "select", "scorer": {"name": "lunch"}, "actuator": {"name": "dapo"}})
     (issue,) = err.value.issues
     assert issue.key == "dataflex.scorer.name" and "Broken.timing = 'after_lunch'" in issue.message
+
+
+def test_an_info_example_writes_small_floats_as_yaml_floats():
+    """PyYAML reads ``1e-06`` as a string: an example holding a parameter of 1e-6 (ada_downsample's eps) must
+    write it so that the block it shows validates."""
+    import yaml
+
+    from dataflex_bus.catalog import _yaml_scalar
+
+    for value in (1e-6, 1e20, 2.5e-7, 0.5, 3, "x", True):
+        assert yaml.safe_load(f"v: {_yaml_scalar(value)}")["v"] == value

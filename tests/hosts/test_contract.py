@@ -207,6 +207,39 @@ def _speed(records: list[StepRecord]) -> None:
     assert m["dataflex/speed/qualified_groups"] == 4 and m["dataflex/alloc/max"] == 8
 
 
+def _pilot_commit(records: list[StepRecord]) -> None:
+    # pilots of 4: copy 1/2 and sort 1/4 lie in the band [0.125, 0.75] and get 4 more rollouts each (groups of
+    # 8, pilot rows trained with them); reverse (0) is too hard and dropped; nobody solved everything, so the
+    # second step draws the same prompts
+    for r in records:
+        assert trained_domains(r) == {"copy": 16, "sort": 16}
+        assert {round(abs(x.advantages[0]), 4) for k, x in r.trained.items() if k[0] == "copy"} == {0.9354}
+        m = r.metrics
+        assert m["dataflex/alloc/rollouts"] == 24 + 16 and m["dataflex/alloc/continued"] == 4
+        assert m["dataflex/pc/pilot_commit/committed_groups"] == 4
+        assert m["dataflex/pc/pilot_commit/too_hard_groups"] == 2
+        assert m["dataflex/alloc/max"] == 8 and m["dataflex/prompts_skipped"] == 0
+    assert records[-1].metrics["compute/generated_rollouts"] == 2 * (24 + 16)
+
+
+def _reinforce_ada(records: list[StepRecord]) -> None:
+    (r,) = records
+    # rounds of 4 until 2 positives and 2 negatives: copy [1,0,1,0] exits after one round, sort [1,0,0,0] after
+    # two (session 0 of each round right: a continuation's sessions start again at 0), reverse never (4 rounds,
+    # 16 wrong); each keeps 4 rows, the first positives and negatives in arrival order, with
+    # A = r - pos / (pos + neg) over its whole pool
+    assert trained_domains(r) == {"copy": 8, "sort": 8, "reverse": 8}
+    assert {k[2:] for k in r.trained if k[0] == "sort"} == {(0, 0), (0, 1), (1, 0), (2, 0)}
+    assert {k[2:] for k in r.trained if k[0] == "reverse"} == {(0, 0), (1, 0), (2, 0), (3, 0)}
+    adv = {k[0]: set() for k in r.trained}
+    for k, x in r.trained.items():
+        adv[k[0]].add(round(x.advantages[0], 4))
+    assert adv == {"copy": {0.5, -0.5}, "sort": {0.75, -0.25}, "reverse": {0.0}}
+    m = r.metrics
+    assert m["compute/generated_rollouts"] == 2 * (4 + 8 + 16) and m["dataflex/alloc/max"] == 16
+    assert m["dataflex/rounds/reinforce_ada/round"] == 4 and m["dataflex/rounds/reinforce_ada/exited_groups"] == 4
+
+
 def _mopps(records: list[StepRecord]) -> None:
     assert all(r.metrics["dataflex/prompts_considered"] == 6 and r.metrics["dataflex/prompts_generated"] == 3
                for r in records)
@@ -268,6 +301,17 @@ CASES: dict[str, Case] = {
                                    _knapsack_skip, steps=2),
     "allocate-speed": Case({"mechanism": "allocate", "scorer": {"name": "group_solve_rate"},
                             "actuator": {"name": "speed", "params": {"n_continue": 4}}}, _speed),
+    "allocate-pilot-commit": Case({"methods": [
+        {"name": "evict", "mechanism": "select", "scorer": {"name": "max_solve_rate"},
+         "actuator": {"name": "exclude_solved"}},
+        {"name": "pc", "mechanism": "allocate", "scorer": {"name": "group_solve_rate"},
+         "actuator": {"name": "pilot_commit", "params": {"n_commit": 4}}}]}, _pilot_commit, steps=2),
+    "allocate-reinforce-ada": Case({"methods": [
+        {"name": "rounds", "mechanism": "allocate",
+         "scorer": {"name": "group_solve_rate", "params": {"success_threshold": 0.7}},
+         "actuator": {"name": "reinforce_ada", "params": {"final_keep": 4}}},
+        {"name": "downsample", "mechanism": "select", "scorer": {"name": "reward_difficulty"},
+         "actuator": {"name": "ada_downsample", "params": {"final_keep": 4}}}]}, _reinforce_ada),
     "prompts-mopps": Case({"mechanism": "select", "scorer": {"name": "mopps", "params": {"seed": 3}},
                            "actuator": {"name": "top_b", "params": {"pool": 2}}}, _mopps, steps=2, batch=3),
 }
@@ -433,9 +477,10 @@ def test_a_host_lacking_a_capability_skips_the_cases_that_need_it_and_runs_the_r
     with pytest.raises(RuntimeError, match="ran"):  # a case it can carry out runs
         test_the_same_decisions_are_carried_out_the_same_way(host, "reweight", lambda case: [], None, monkeypatch)
     assert host.ran == [CASES["reweight"].block]
-    # prompt selection: the on_prompts selections and allocations; refill: its three policies
+    # prompt selection: the on_prompts selections and allocations (Pilot-Commit's eviction); refill: its policies
     assert skipped(FourthHost({"prompt_selection", "refill"}).description()) == {
         "prompts-greso": ["prompt_selection"], "prompts-mopps": ["prompt_selection"],
         "allocate-knapsack": ["prompt_selection"], "allocate-knapsack-skip": ["prompt_selection"],
+        "allocate-pilot-commit": ["prompt_selection"],
         "refill-fixed": ["refill"], "refill-credit2": ["refill"], "refill-greso": ["refill"]}
     assert skipped(FourthHost(set()).description()) == {}

@@ -8,10 +8,11 @@ from dataflex_bus.discovery import get_plugins
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 SCORERS = ["reward_difficulty", "group_solve_rate", "advantage_magnitude", "token_prob", "zero_variance_streak",
-           "token_entropy", "knapsack_rate", "mopps"]
+           "token_entropy", "knapsack_rate", "mopps", "max_solve_rate"]
 FIRST_PARTY = [*SCORERS, "threshold_band", "dapo", "topk_fraction", "max_variance", "greso", "top_entropy",
                "top_b", "advantage_reweight", "softmax", "per_advantage", "dump_ucb", "reward_gap", "static",
-               "rollout_replay", "knapsack", "speed"]
+               "rollout_replay", "knapsack", "speed", "pilot_commit", "exclude_solved", "reinforce_ada",
+               "ada_downsample"]
 
 
 @pytest.mark.parametrize("name", FIRST_PARTY)
