@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .block import DataflexConfig
 from .bus import EventBus
 from .components import Allocator, Replayer, Selector, reads
+from .confdiff import resume_refusal
 from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
@@ -361,8 +362,13 @@ class Runtime:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("pipeline")
         if (saved is None) != (self.pipeline is None):
-            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a dataflex "
-                                          "method is configured"))
+            # One side has a block: say which, with the block (what to pass to resume).
+            ours = None if self.pipeline is None else self.pipeline.config.to_dict()
+            theirs = (saved.get("config") or {"methods": sorted(saved.get("methods") or {})}
+                      if isinstance(saved, Mapping) else None)
+            refusal = resume_refusal(theirs, ours)
+            assert refusal is not None  # one side has a block
+            raise ConfigError(ConfigIssue("dataflex", refusal))
         if self.pipeline is not None and saved is not None:
             self.pipeline.load_state_dict(saved)
         history = state.get("history")

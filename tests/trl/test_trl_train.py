@@ -150,6 +150,32 @@ def test_a_checkpoint_without_dataflex_state_resumes_fresh_with_a_warning(tmp_pa
     assert os.path.isdir(tmp_path / "plain" / "checkpoint-1")
 
 
+def test_resume_with_another_block_names_the_keys_and_the_side_that_has_one(tmp_path):
+    """Before: ``saved {...}, now {...}`` (both whole blocks) and, with ``dataflex=None``, "disagree on whether a
+    dataflex method is configured" without saying which side has the block; neither said what to do."""
+    from dataflex_bus.confdiff import RESUME_FIX
+    from dataflex_bus.errors import ConfigError
+
+    rows = T.interleave(MIXED[:4], FLAT[:4], 2, 2)
+    kw = dict(rows=rows, rows_per_gen=16, steps=2)
+    T.train(DataflexGRPOTrainer, out=str(tmp_path / "a"), save_strategy="steps", save_steps=1,
+            trainer_kwargs={"dataflex": QUICK_START}, **kw)
+    checkpoint = str(tmp_path / "a" / "checkpoint-1")
+    other = {**QUICK_START, "actuator": {"name": "threshold_band", "params": {"low": 0.25, "high": 0.8}}}
+    with pytest.raises(ConfigError) as err:
+        T.train(DataflexGRPOTrainer, out=str(tmp_path / "b"), resume=checkpoint, trainer_kwargs={"dataflex": other},
+                **kw)
+    text = str(err.value)
+    assert "dataflex.actuator.params.low: checkpoint 0.2, this run 0.25" in text and RESUME_FIX in text
+    assert "success_threshold" not in text
+    with pytest.raises(ConfigError) as err:
+        T.train(DataflexGRPOTrainer, out=str(tmp_path / "c"), resume=checkpoint, trainer_kwargs={"dataflex": None},
+                **kw)
+    text = str(err.value)
+    assert "checkpoint: a dataflex block (select group_solve_rate+threshold_band); this run: none" in text
+    assert "the checkpoint's block: {" in text
+
+
 def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
     from datasets import Dataset
 
