@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("dataflex_bus")
 
 
+def warning_text(issue: ConfigIssue) -> str:
+    """A block's warning as logged after ``dataflex: ``: its key unless that is the block itself (which would
+    read ``dataflex: dataflex: ...``)."""
+    text = str(issue)
+    return text[len(issue.key) + 2:] if issue.key == "dataflex" else text
+
+
 class Runtime:
     """Plugins + pipeline + bus for one run on ``host``. ``dataflex`` is the block (a mapping, or the config
     :func:`validate` returned, which is then not validated again) or ``None`` for plain GRPO: events still
@@ -58,7 +65,7 @@ class Runtime:
             self.bus.add_participant(self.pipeline, self.name)
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}
         for warning in self.pipeline.config.warnings if self.pipeline is not None else ():
-            log.warning("dataflex: %s", warning)
+            log.warning("dataflex: %s", warning_text(warning))
         self.prompt_table: PromptTable | None = None
         self.history: PromptHistory | None = None
         #: The block's replay (its buffer), once the host gave its prompt table (:meth:`set_prompts`).
