@@ -172,3 +172,21 @@ def test_doctor_warns_on_a_block_whose_probe_keeps_nothing_and_strict_fails_on_i
     assert main(["doctor", "--host", "trl", "--config", str(block), "grpo.num_generations=1"]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] GRPOConfig" in out and "at least 2 completions" in out and "rollout n" not in out
+
+
+def test_a_bare_name_for_dataflex_says_what_is_expected_and_where_the_examples_are(monkeypatch):
+    """Before: ``dynamic_sampling: no such config file``, no word of a path or a mapping."""
+    from dataflex_bus.trl.block import load_block
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError) as err:
+        load_block("dynamic_sampling")
+    text = str(err.value)
+    assert "'dynamic_sampling' is no file; dataflex= takes a block (a mapping" in text
+    assert "the path of a YAML file holding one" in text and "or None" in text
+    assert "did you mean 'examples/dynamic_sampling.yaml' or 'examples/trl/dynamic_sampling.yaml'?" in text
+    with pytest.raises(ConfigError, match=r"'greso' is a component: `dataflex info greso` prints a block"):
+        load_block("greso")
+    with pytest.raises(ConfigError, match="got int 3; expected a block"):
+        load_block(3)  # type: ignore[arg-type]
+    assert load_block("examples/trl/dynamic_sampling.yaml")["actuator"] == {"name": "dapo"}
