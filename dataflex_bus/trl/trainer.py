@@ -35,7 +35,6 @@ import os
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,6 +52,7 @@ from ..errors import ConfigError, ConfigIssue, DataflexError
 from ..fingerprint import fingerprint
 from ..runtime import Runtime
 from ..steps import Candidates, Generation, RolloutOutcome, Step, StepKit
+from .block import load_block
 from .host import describe, generation_span
 from .prompts import PromptStream, domain_labels, prompt_table
 from .rows import MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, pad_left, pad_right, row_fields, trim
@@ -146,23 +146,6 @@ class Kept:
 
     def __len__(self) -> int:
         return len(self.refs)
-
-
-def load_block(dataflex: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any] | None:
-    """The ``dataflex`` block given to the trainer: a mapping, a YAML file holding one (under a top-level
-    ``dataflex:`` key, as the examples write it, or as the whole file), or ``None``."""
-    if dataflex is None or isinstance(dataflex, Mapping):
-        return None if dataflex is None else dict(dataflex)
-    from ..config import load_config
-
-    config = load_config(Path(dataflex))
-    if "dataflex" in config:
-        block = config["dataflex"]
-        return None if block is None else dict(block)
-    if "mechanism" in config or "methods" in config:
-        return config
-    raise ConfigError(ConfigIssue("dataflex", f"{dataflex} holds no dataflex block (no top-level 'dataflex:' key "
-                                  "and no mechanism or methods)"))
 
 
 class _StepEnd(TrainerCallback):

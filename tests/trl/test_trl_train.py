@@ -176,6 +176,15 @@ def test_resume_with_another_block_names_the_keys_and_the_side_that_has_one(tmp_
     assert "the checkpoint's block: {" in text
 
 
+def test_a_bare_name_for_dataflex_is_refused_saying_what_dataflex_takes():
+    from dataflex_bus.errors import ConfigError
+
+    tok = T.tokenizer()
+    with pytest.raises(ConfigError, match=r"'dynamic_sampling' is no file; dataflex= takes a block \(a mapping"):
+        DataflexGRPOTrainer(model=T.model(tok), reward_funcs=[T.correct], args=T.config("unused", rows_per_gen=8),
+                            processing_class=tok, dataflex="dynamic_sampling")
+
+
 def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
     from datasets import Dataset
 
