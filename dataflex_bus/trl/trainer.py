@@ -52,6 +52,7 @@ from ..errors import ConfigError, ConfigIssue, DataflexError
 from ..fingerprint import fingerprint
 from ..runtime import Runtime
 from ..steps import Candidates, Generation, RolloutOutcome, Step, StepKit
+from .arguments import check_processing_class
 from .block import load_block
 from .host import describe, generation_span
 from .prompts import PromptStream, domain_labels, prompt_table
@@ -168,6 +169,7 @@ class DataflexGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, dataflex: Mapping[str, Any] | str | os.PathLike[str] | None = None,
                  **kwargs: Any) -> None:
         block = load_block(dataflex)
+        check_processing_class(args, kwargs)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         # Validate first when the config is given: errors before the model is wrapped and moved.
         runtime = Runtime(block, host=describe(config)) if config is not None else None

@@ -185,6 +185,19 @@ def test_a_bare_name_for_dataflex_is_refused_saying_what_dataflex_takes():
                             processing_class=tok, dataflex="dynamic_sampling")
 
 
+def test_a_model_built_from_a_config_without_processing_class_is_refused_naming_it():
+    """Before: ``OSError: Repo id must use alphanumeric chars ...: ''`` from inside the Hub client."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dataflex_bus.errors import ConfigError
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ConfigError, match=r"processing_class: not given, and the model was built from a config"):
+        DataflexGRPOTrainer(model=model, reward_funcs=[T.correct], args=T.config("unused", rows_per_gen=8),
+                            dataflex=QUICK_START)
+
+
 def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
     from datasets import Dataset
 
