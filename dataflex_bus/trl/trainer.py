@@ -57,6 +57,7 @@ from .block import load_block
 from .host import describe, generation_span
 from .prompts import PromptStream, domain_labels, prompt_table
 from .rows import MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, pad_left, pad_right, row_fields, trim
+from .skips import SkippedUpdates
 
 log = logging.getLogger("dataflex_bus")
 
@@ -160,7 +161,7 @@ class _StepEnd(TrainerCallback):
         self.trainer._dfx_maybe_end()
 
 
-class DataflexGRPOTrainer(GRPOTrainer):
+class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
     """TRL's ``GRPOTrainer`` running a ``dataflex`` block (see the module doc). ``dataflex``: a block
     (mapping), a YAML file holding one, or ``None`` (plain TRL; the kit's metrics are still logged). Every
     other argument is ``GRPOTrainer``'s. The block is validated against the TRL host's description of

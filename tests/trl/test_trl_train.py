@@ -198,6 +198,23 @@ def test_a_model_built_from_a_config_without_processing_class_is_refused_naming_
                             dataflex=QUICK_START)
 
 
+def test_a_skipped_update_logs_no_grad_norm_and_a_run_mostly_skipped_ends_with_a_summary(dataflex_log):
+    """Before: TRL logged a grad_norm for every skipped update, and a run whose every update was skipped ended
+    like one that trained (no line saying so)."""
+    # Generation batch 1 only flat groups (skipped), batch 2 mixed ones (trained); shuffle_dataset=False.
+    run = T.train(DataflexGRPOTrainer, rows=[*FLAT[:4], *MIXED[:4]], rows_per_gen=16, steps=2,
+                  trainer_kwargs={"dataflex": DAPO})
+    first, second = run["logs"]
+    assert first["dataflex/skipped_update"] == 1.0 and "grad_norm" not in first
+    assert second["dataflex/skipped_update"] == 0.0 and second["grad_norm"] > 0
+    warnings = [r.getMessage() for r in dataflex_log.records if r.levelno == logging.WARNING]
+    assert not any("updates were skipped" in w for w in warnings)  # half skipped: no summary
+    T.train(DataflexGRPOTrainer, rows=FLAT[:8], rows_per_gen=16, steps=2, trainer_kwargs={"dataflex": DAPO})
+    (line,) = [r.getMessage() for r in dataflex_log.records if "updates were skipped" in r.getMessage()]
+    assert line.startswith("dataflex: 2 of 2 updates were skipped")
+    assert "select:dapo (reward_difficulty+dapo @ on_rollout) kept 0.0% of the rows it saw" in line
+
+
 def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
     from datasets import Dataset
 
