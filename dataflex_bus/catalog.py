@@ -237,11 +237,17 @@ def _events(kind: str, cls: Any) -> dict[str, str]:
 
 
 def _example_params(cls: Any) -> dict[str, Any]:
-    """Every parameter at its default; a required one gets a value its declaration allows."""
+    """Every parameter at its default; a required one gets its declared example, else a value its declaration
+    allows."""
+    from .schema import REQUIRED
+
     out = {}
     for name, p in cls.params.items():
         if not p.required:
             out[name] = _plain(p.default)
+            continue
+        if p.example is not REQUIRED:
+            out[name] = _plain(p.example)
             continue
         types = p.types
         if p.choices:
@@ -284,13 +290,17 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
         except DataflexError:
             continue
 
-    def preference(option: tuple[str, Any, Any]) -> tuple[int, bool, int, str]:
-        # The pack's own partners first, then the pairing the actuator lists first in `accepts`.
+    def preference(option: tuple[str, Any, Any]) -> tuple[int, int, bool, int, str]:
+        # The pairing an actuator is defined on (its `intended_scorers`, its paper's) first, one that names none
+        # next, one defined on another scorer's statistic last; then the mechanism, the pack's own partners,
+        # the pairing the actuator lists first in `accepts`.
         mechanism, partner, p_cls = option
-        scorer_cls, actuator_cls = (cls, p_cls) if spec.kind == "scorer" else (p_cls, cls)
+        (scorer, scorer_cls), actuator_cls = ((spec, cls), p_cls) if spec.kind == "scorer" else ((partner, p_cls), cls)
+        intended = list(getattr(actuator_cls, "intended_scorers", ()))
+        meant = 0 if scorer.name in intended else 2 if intended else 1
         accepts = list(actuator_cls.accepts)
         fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
-        return names.index(mechanism), partner.provider != spec.provider, fit, partner.name
+        return meant, names.index(mechanism), partner.provider != spec.provider, fit, partner.name
 
     def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
         pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
@@ -298,28 +308,23 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
 
     own = ref(spec, cls)
     ranked = sorted(loaded, key=preference)
+    warned = None  # the first block that validates with warnings: shown only when none validates without
     for mechanism, partner, p_cls in ranked:
         block = make(mechanism, ref(partner, p_cls))
         try:
-            validate(block, registry)
+            checked = validate(block, registry)
         except DataflexError:
             continue
-        return block, True
+        if not checked.warnings:
+            return block, True
+        warned = warned or block
+    if warned is not None:
+        return warned, True
     if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
         mechanism, partner, p_cls = ranked[0]
         return make(mechanism, ref(partner, p_cls)), False
     mechanism = names[0] if spec.kind == "scorer" else for_kind(spec.kind).name
     return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
-
-
-def _yaml_scalar(value: Any) -> str:
-    """``value`` as JSON, which is YAML, except a float in exponent form: YAML 1.1 (PyYAML) reads ``1e-06`` as a
-    string, ``1.0e-06`` as the float."""
-    text = json.dumps(value)
-    if isinstance(value, float) and "e" in text and "." not in text.split("e")[0]:
-        mantissa, exponent = text.split("e")
-        text = f"{mantissa}.0e{exponent if exponent[0] in '+-' else '+' + exponent}"
-    return text
 
 
 def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
@@ -336,8 +341,26 @@ def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
             note = ""
             if name == slot and cls.params[key].required:
                 note = f"  # required: {cls.params[key].describe()}"
-            lines.append(f"      {key}: {_yaml_scalar(value)}{note}")
+            lines.append(f"      {key}: {_yaml_value(value)}{note}")
     return "\n".join(lines)
+
+
+def _yaml_value(value: Any) -> str:
+    """A parameter value as YAML flow text that PyYAML reads back as the same value: JSON, except floats
+    (YAML 1.1 reads ``1e-06`` as a string: the mantissa needs a dot) and the infinities."""
+    if isinstance(value, float):
+        if value != value:
+            return ".nan"
+        if value in (float("inf"), float("-inf")):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def _info_text(e: dict[str, Any]) -> str:

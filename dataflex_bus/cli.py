@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "trainer, plugins")
     p.add_argument("--host", choices=sorted(DOCTORS), default="verl", help="the host to check (default: verl)")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 on a warning too (e.g. a selection that keeps nothing of the probe batch)")
     p.add_argument("--config", metavar="FILE",
                    help="--host trl: a YAML file with a `dataflex:` block and optional `grpo:` GRPOConfig fields")
     p.add_argument("overrides", nargs="*",

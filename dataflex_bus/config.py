@@ -57,6 +57,28 @@ def _yaml_problem(exc: Exception) -> str:
     return text
 
 
+def example_configs(name: str) -> list[Path]:
+    """The example configs called ``name`` (``examples/**/NAME.yaml``, ``.yaml`` optional in ``name``) in the
+    current directory's ``examples/`` and in that of the source checkout dataflex-bus runs from."""
+    stem = Path(name).name.removesuffix(".yaml").removesuffix(".yml")
+    if not stem or stem in (".", ".."):
+        return []
+    roots = {Path.cwd() / "examples", Path(__file__).resolve().parents[1] / "examples"}
+    found = {f.resolve() for root in roots if root.is_dir() for f in root.rglob(f"{stem}.y*ml")}
+    return sorted(found)
+
+
+def missing_file_hint(path: Path) -> str:
+    """What to write instead of a config path that is no file: the example configs of that name, as paths
+    from the current directory where they lie below it."""
+    found = example_configs(str(path))
+    if not found:
+        return ""
+    cwd = Path.cwd().resolve()
+    shown = [str(f.relative_to(cwd)) if f.is_relative_to(cwd) else str(f) for f in found]
+    return "did you mean " + " or ".join(repr(x) for x in shown) + "?"
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a dict (an empty file is an empty config)."""
     import yaml
@@ -65,7 +87,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigFileError(ConfigIssue(str(p), "no such config file")) from None
+        raise ConfigFileError(ConfigIssue(str(p), "no such config file", hint=missing_file_hint(p))) from None
     except OSError as exc:
         raise ConfigFileError(ConfigIssue(str(p), f"cannot read config file: {exc.strerror or exc}")) from exc
     try:

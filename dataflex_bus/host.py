@@ -77,6 +77,8 @@ class HostDescription:
     the training context (``None``: not known). ``missing``: why a field or capability is absent (said in
     the refusal, e.g. ``{"entropy": "rollout_correction.bypass_mode=true computes no old log-probs"}``).
     ``check``: the host's own rules for a block (its framework's settings), run with validation.
+    ``group_size_name``: what the host's users call the group size, said in a refusal (verl's
+    ``rollout n``, TRL's ``GRPOConfig.num_generations``).
     ``rollout_is``: the importance weights the host itself multiplies into every row's loss from its
     ``rollout_log_probs`` (``"token"``: ``min(pi_old / pi_rollout, threshold)`` per token, verl's
     ``algorithm.rollout_correction.rollout_is``; ``None``: none), which a replay method's correction relies on.
@@ -96,6 +98,7 @@ class HostDescription:
     missing: Mapping[str, str] = field(default_factory=dict)
     check: HostCheck | None = field(default=None, compare=False)
     rollout_is: str | None = None
+    group_size_name: str = "rollout n"
 
     def __post_init__(self) -> None:
         unknown = set(self.capabilities) - set(CAPABILITIES)

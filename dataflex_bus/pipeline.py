@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .block import DataflexConfig
+from .confdiff import resume_refusal
 from .decision import Decision
 from .errors import ConfigError, ConfigIssue
 from .hookspecs import EVENTS, hookimpl
@@ -151,9 +152,9 @@ class Pipeline:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("config")
-        if saved is not None and saved != self.config.to_dict():
-            raise ConfigError(ConfigIssue("dataflex", "checkpoint was written with a different dataflex config: "
-                                          f"saved {saved}, now {self.config.to_dict()}"))
+        refusal = resume_refusal(saved, self.config.to_dict()) if saved is not None else None
+        if refusal is not None:
+            raise ConfigError(ConfigIssue("dataflex", refusal))
         states = state.get("methods") or {}
         missing = [m.name for m in self.methods if m.name not in states]
         if missing:

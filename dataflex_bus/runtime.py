@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .block import DataflexConfig
 from .bus import EventBus
 from .components import Allocator, Replayer, Selector, reads
+from .confdiff import resume_refusal
 from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("dataflex_bus")
 
 
+def warning_text(issue: ConfigIssue) -> str:
+    """A block's warning as logged after ``dataflex: ``: its key unless that is the block itself (which would
+    read ``dataflex: dataflex: ...``)."""
+    text = str(issue)
+    return text[len(issue.key) + 2:] if issue.key == "dataflex" else text
+
+
 class Runtime:
     """Plugins + pipeline + bus for one run on ``host``. ``dataflex`` is the block (a mapping, or the config
     :func:`validate` returned, which is then not validated again) or ``None`` for plain GRPO: events still
@@ -57,7 +65,7 @@ class Runtime:
             self.bus.add_participant(self.pipeline, self.name)
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}
         for warning in self.pipeline.config.warnings if self.pipeline is not None else ():
-            log.warning("dataflex: %s", warning)
+            log.warning("dataflex: %s", warning_text(warning))
         self.prompt_table: PromptTable | None = None
         self.history: PromptHistory | None = None
         #: The block's replay (its buffer), once the host gave its prompt table (:meth:`set_prompts`).
@@ -361,8 +369,13 @@ class Runtime:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved = state.get("pipeline")
         if (saved is None) != (self.pipeline is None):
-            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a dataflex "
-                                          "method is configured"))
+            # One side has a block: say which, with the block (what to pass to resume).
+            ours = None if self.pipeline is None else self.pipeline.config.to_dict()
+            theirs = (saved.get("config") or {"methods": sorted(saved.get("methods") or {})}
+                      if isinstance(saved, Mapping) else None)
+            refusal = resume_refusal(theirs, ours)
+            assert refusal is not None  # one side has a block
+            raise ConfigError(ConfigIssue("dataflex", refusal))
         if self.pipeline is not None and saved is not None:
             self.pipeline.load_state_dict(saved)
         history = state.get("history")

@@ -29,7 +29,9 @@ class Param:
     ``low``/``high`` bound numbers (``low_open``/``high_open`` make a bound exclusive); ``choices`` lists
     the allowed values (of each item, for a ``list`` key). ``item`` is the type of a list's items;
     ``unique`` asks for distinct items and ``nonempty`` refuses an empty string or list. A key without
-    ``default`` is required; ``None`` is allowed when ``type`` includes ``type(None)``.
+    ``default`` is required; ``None`` is allowed when ``type`` includes ``type(None)``. ``example``: a value
+    of a required key that ``dataflex info`` puts in its example block (when none of the declared type's
+    placeholders would be valid, e.g. proportions that must name the dataset's domains).
     """
 
     type: builtins.type | tuple[builtins.type, ...]
@@ -43,6 +45,7 @@ class Param:
     item: builtins.type | None = None
     unique: bool = False
     nonempty: bool = False
+    example: Any = REQUIRED
 
     @property
     def required(self) -> bool:

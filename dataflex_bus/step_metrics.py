@@ -22,7 +22,7 @@ A host adds its own metrics beside these (the shim's ``train/*`` losses and ``ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
+    from .runtime import Runtime
 
 #: The cumulative counters, in the order they are reported.
 COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens", "considered_prompts",
@@ -187,3 +188,26 @@ class AllocationStats:
             out.update({f"{p}min": float(sizes.min()), f"{p}max": float(sizes.max()),
                         f"{p}mean": float(sizes.double().mean())})
         return out
+
+
+def skipped_summary(runtime: Runtime, metrics: Sequence[Mapping[str, float]]) -> str | None:
+    """The end-of-training line of a run most of whose updates were skipped (``metrics``: each step's kit
+    metrics), naming each selection and the share of the rows it kept (its ``kept_fraction``, averaged over
+    the steps); ``None`` when at most half were skipped. A run that trains nothing otherwise ends like one
+    that trained (exit 0, the host's usual logs)."""
+    from .components import Selector
+
+    steps = len(metrics)
+    skipped = sum(1 for m in metrics if m.get("dataflex/skipped_update", 0.0) > 0)
+    if not steps or 2 * skipped <= steps or runtime.pipeline is None:
+        return None
+    parts = []
+    for method in runtime.pipeline.methods:
+        if not isinstance(method.actuator, Selector):
+            continue
+        kept = [m[f"{method.prefix}kept_fraction"] for m in metrics if f"{method.prefix}kept_fraction" in m]
+        rate = f"kept {100 * sum(kept) / len(kept):.1f}% of the rows it saw" if kept else "kept nothing it saw"
+        parts.append(f"{method.name} ({method.scorer.name}+{method.actuator.name} @ {method.event}) {rate}")
+    who = "; ".join(parts) or "no selection (an allocation or an emptied mini-batch)"
+    return (f"dataflex: {skipped} of {steps} updates were skipped (nothing left to train): {who}; check the "
+            "parameters (`dataflex doctor --config FILE` runs the selection on a probe batch)")

@@ -256,9 +256,8 @@ def _check_fit(method: MethodConfig, s_cls: type[Scorer], a_cls: type[Actuator],
                 f"estimator {estimator!r} is not group-based", GROUP_ESTIMATORS))
         n = host.group_size
         if n is not None and int(n) < 2:
-            issues.append(ConfigIssue(f"{key}.{who}.name",
-                                      f"{getattr(method, who).name!r} needs groups, but rollout n={n} (< 2) on host "
-                                      f"{host.name!r}"))
+            issues.append(ConfigIssue(f"{key}.{who}.name", f"{getattr(method, who).name!r} needs groups, but "
+                                      f"{host.group_size_name}={n} (< 2) on host {host.name!r}"))
     return issues
 
 

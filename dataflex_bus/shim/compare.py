@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..confdiff import differences as diff
 from ..config import load_config
 from ..errors import ConfigError, ConfigIssue, DataflexError, PluginRuntimeError, add_note
 from ..registry import article
 from . import report
 from .commands import interruption, signals_interrupt
-from .config import RunConfig, diff, fingerprint, prepare
+from .config import RunConfig, fingerprint, prepare
 from .files import METRICS, RECORD, RunDirError, checkpoint_step, existing_run_files, read_metrics
 from .regime import Regime, load_regime, regime_change
 from .run import run_training

@@ -130,13 +130,3 @@ def fingerprint(resolved: Mapping[str, Any]) -> dict[str, Any]:
         section, key = dotted.split(".")
         out[section].pop(key, None)
     return out
-
-
-def diff(saved: Any, now: Any, prefix: str = "") -> list[str]:
-    """Dotted keys on which two nested configs disagree, with both values."""
-    if isinstance(saved, Mapping) and isinstance(now, Mapping):
-        out: list[str] = []
-        for key in sorted(set(saved) | set(now), key=str):
-            out += diff(saved.get(key), now.get(key), f"{prefix}.{key}" if prefix else str(key))
-        return out
-    return [] if saved == now else [f"{prefix}: checkpoint {saved!r}, config {now!r}"]

@@ -127,7 +127,18 @@ def _varies(values: Sequence[float], reference: float) -> bool:
 
 def plot_compare(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[str], path: Path,
                  baseline: str | None = None, rollouts_key: str = "compute/generated_rollouts") -> Path:
-    """The comparison figure: outcomes on top, what each method did below.
+    """:func:`compare_figure`, saved to ``path`` (PNG)."""
+    plt = _pyplot()
+    fig = compare_figure(groups, metric=metric, domains=domains, baseline=baseline, rollouts_key=rollouts_key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare_figure(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[str], baseline: str | None = None,
+                   rollouts_key: str = "compute/generated_rollouts") -> Any:
+    """The comparison figure (a matplotlib ``Figure``): outcomes on top, what each method did below.
 
     Top: ``metric`` against steps and against generated rollouts (seed mean, band = +-1 std; a dotted
     line marks the baseline's final rollout count, where the equal-budget reading happens), then the
@@ -183,6 +194,8 @@ def plot_compare(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[s
                 title += "\n(dotted: baseline's final count)"
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("generated rollouts" if x_key else "step")
+        if x_key:
+            _count_axis(ax)
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
     styles, style_names = ["-", "--", ":", "-."], ["solid", "dashed", "dotted", "dash-dot"]
@@ -220,10 +233,25 @@ def plot_compare(groups: Mapping[str, Runs], *, metric: str, domains: Sequence[s
     fig.legend(handles, names, loc="lower center", ncol=min(len(labels), 5), fontsize=9, frameon=False)
     rows = -(-len(labels) // 5)
     fig.tight_layout(rect=(0, 0.035 * rows + 0.01, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def count_label(value: float, _position: Any = None) -> str:
+    """A count as a short tick label: 950, 12k, 1.5M (a label written in full, 350000, runs into its
+    neighbours on a panel a few inches wide)."""
+    size = abs(value)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if size >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _count_axis(ax: Any) -> None:
+    """Short labels and at most 5 ticks on an axis of counts (generated rollouts)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    ax.xaxis.set_major_formatter(FuncFormatter(count_label))
 
 
 def _cumsum(values: Sequence[float]) -> list[float]:

@@ -28,13 +28,14 @@ from torch import Tensor
 
 from ..batch import Batch
 from ..carry import AdvantageAction
+from ..confdiff import differences as diff
 from ..errors import ConfigError, DataflexError
 from ..ops import grpo_outcome_advantage
 from ..runtime import Runtime
 from ..sampler import prepare_prompts
 from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds, group_labels
 from . import warmstart
-from .config import diff, fingerprint
+from .config import fingerprint
 from .files import CheckpointError
 from .losses import low_var_kl, policy_loss, token_mean
 from .policy import TinyPolicy, generate, token_log_probs, token_log_probs_and_entropy

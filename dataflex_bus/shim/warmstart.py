@@ -6,12 +6,12 @@ and of the numerical environment: torch's version, the number of torch threads, 
 instruction set its kernels use (another CPU gives other bits). The cache key hashes all of them, so a
 hit is bit for bit what pretraining again would give, and any change is a miss.
 
-Where: ``$DATAFLEX_CACHE_DIR`` (set but empty: no disk cache), else ``$XDG_CACHE_HOME/dataflex``, else
-``~/.cache/dataflex``; one file per base policy under ``warmstart/``. An entry is written atomically
-(a uniquely named temporary file, then a rename), so two runs warm-starting at once both write the same
-bytes and neither ever reads half a file; it is read with ``weights_only`` behind the checkpoint's
-checksum header, and a damaged or foreign entry is logged, ignored and rewritten. A cache that cannot be
-written is logged and skipped: it never fails a run.
+Where: :func:`dataflex_bus.cache.cache_root` (``$DATAFLEX_CACHE_DIR``, set but empty: no disk cache, else
+``$XDG_CACHE_HOME/dataflex``, else ``~/.cache/dataflex``); one file per base policy under ``warmstart/``.
+An entry is written atomically (a uniquely named temporary file, then a rename), so two runs warm-starting
+at once both write the same bytes and neither ever reads half a file; it is read with ``weights_only``
+behind the checkpoint's checksum header, and a damaged or foreign entry is logged, ignored and rewritten. A
+cache that cannot be written is logged and skipped: it never fails a run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
+from ..cache import ENV_CACHE, cache_root
 from ..errors import DataflexError
 from .files import read_checked, write_checked
 from .machine import cpu_capability, cpu_model
@@ -40,7 +40,6 @@ from .split import Split
 
 log = logging.getLogger("dataflex_bus")
 
-ENV_CACHE = "DATAFLEX_CACHE_DIR"
 FORMAT = "dataflex-warmstart/1"
 #: The modules whose code decides the base policy's bits: the policy and its pretraining, the tasks and
 #: their split, the trainer (it seeds the generators and builds the network) and this module.
@@ -49,15 +48,6 @@ CODE = ("policy", "tasks", "split", "trainer", "warmstart")
 #: with different models keeps a few; ``dataflex compare`` pays each warm start once.
 _MEMORY: dict[str, tuple[dict[str, Tensor], Tensor]] = {}
 _MAX_MEMORY = 4
-
-
-def cache_root() -> Path | None:
-    """The cache directory (``None``: ``DATAFLEX_CACHE_DIR`` is set but empty, no disk cache)."""
-    raw = os.environ.get(ENV_CACHE)
-    if raw is not None:
-        return Path(raw).expanduser() if raw.strip() else None
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "dataflex"
 
 
 @functools.cache

@@ -5,8 +5,10 @@ overrides), transformers, accelerate and datasets, whether :class:`~dataflex_bus
 imports, and the dataflex plugin set. Given a block (``--config FILE`` holding a ``dataflex:`` block and,
 optionally, a ``grpo:`` mapping of ``GRPOConfig`` fields, and/or overrides ``dataflex.mechanism=select
 grpo.loss_type=bnpo ...``) it also validates the block against the TRL host's description of those fields
-(TRL's defaults for the rest), exactly as the trainer does at construction. Exits 1 when
-anything is broken.
+(TRL's defaults for the rest), exactly as the trainer does at construction, and the fields against
+what TRL's ``GRPOConfig`` refuses of a generation batch's shape. Exits 1 when anything is broken; a warning
+about the block (a selection that keeps nothing of the probe batch, ...) is a WARN, and fails under
+``--strict``.
 """
 
 from __future__ import annotations
@@ -15,33 +17,49 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..doctor import FAIL, OK, WARN, Add, new_checks, plugin_checks, report, tested_version, version
+from ..doctor import (
+    FAIL,
+    OK,
+    WARN,
+    Add,
+    add_block,
+    block_warnings,
+    new_checks,
+    plugin_checks,
+    report,
+    tested_version,
+    version,
+)
 from . import TESTED_TRL
 
 #: The GRPOConfig fields the TRL host's description reads, at TRL 1.16's defaults.
-TRL_DEFAULTS = {"loss_type": "dapo", "num_generations": 8, "gradient_accumulation_steps": 1, "num_iterations": 1,
-                "beta": 0.0}
+TRL_DEFAULTS = {"loss_type": "dapo", "num_generations": 8, "per_device_train_batch_size": 8,
+                "gradient_accumulation_steps": 1, "num_iterations": 1, "beta": 0.0}
 
 
 def _block_checks(config: Mapping[str, Any], add: Add) -> None:
     from ..errors import ConfigError
     from ..runtime import Runtime
-    from .host import describe
+    from .host import config_issues, describe
 
     # The GRPOConfig fields the description reads, TRL's defaults for those not given (a GRPOConfig itself is
-    # not built: its own checks depend on the machine, e.g. bf16 without a GPU, not on the block).
+    # not built: its own checks depend on the machine, e.g. bf16 without a GPU, not on the block); what TRL
+    # refuses of the batch's shape is checked as TRL does.
     args = {**TRL_DEFAULTS, **dict(config.get("grpo") or {})}
-    add("GRPOConfig", OK, " ".join(f"{k}={args[k]}" for k in TRL_DEFAULTS) + " (TRL's defaults where not given)")
+    shown = " ".join(f"{k}={args[k]}" for k in TRL_DEFAULTS) + " (TRL's defaults where not given)"
+    refused = config_issues(args)
+    add("GRPOConfig", FAIL if refused else OK, "; ".join(map(str, refused)) if refused else shown)
     block = config.get("dataflex")
     if not block:
         add("dataflex block", OK, "none: plain TRL (the kit's metrics are still logged)")
         return
     try:
-        runtime = Runtime(block, host=describe(args))
+        with block_warnings() as warnings:
+            runtime = Runtime(block, host=describe(args))
     except ConfigError as exc:
         add("dataflex block", FAIL, str(exc))
         return
-    add("dataflex block", OK, "DataflexGRPOTrainer runs " + "; ".join(runtime.describe()))
+    add_block(add, "DataflexGRPOTrainer runs " + "; ".join(runtime.describe()), warnings)
 
 
 def run_checks(config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -68,10 +86,10 @@ def run_checks(config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Print the checks; exit status 1 if any failed."""
+    """Print the checks; exit status 1 if any failed (``--strict``: or warned)."""
     from ..config import load_config
 
     overrides: Sequence[str] = getattr(args, "overrides", None) or ()
     path = getattr(args, "config", None)
     config = load_config(path, overrides) if path or overrides else None
-    return report(run_checks(config), as_json=getattr(args, "json", False))
+    return report(run_checks(config), as_json=getattr(args, "json", False), strict=getattr(args, "strict", False))

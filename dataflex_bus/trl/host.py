@@ -111,7 +111,40 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
                            group_size=int(generations) if generations is not None else None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
-                                                               environments=environments))
+                                                               environments=environments),
+                           group_size_name=f"{KEY}.num_generations")
+
+
+def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:
+    """What TRL 1.16's ``GRPOConfig`` itself refuses of a generation batch's shape (its ``__post_init__``), for
+    ``dataflex doctor --host trl``, which checks a mapping of fields without building a ``GRPOConfig`` (whose
+    other checks depend on the machine: bf16 without a GPU, ...). ``args``: a mapping of fields (TRL's
+    defaults for the rest)."""
+    issues: list[ConfigIssue] = []
+    generations = int(field_of(args, "num_generations", 8))
+    per_device = int(field_of(args, "per_device_train_batch_size", 8))
+    gbs, spg = field_of(args, "generation_batch_size"), field_of(args, "steps_per_generation")
+    if generations < 2:
+        issues.append(ConfigIssue(f"{KEY}.num_generations", f"{generations}: TRL's GRPO needs at least 2 completions "
+                                  "per prompt (its advantages are group statistics); TRL refuses it"))
+    if gbs is not None and spg is not None:
+        issues.append(ConfigIssue(f"{KEY}.generation_batch_size", "is set together with steps_per_generation, "
+                                  "which TRL refuses", hint="set one of the two"))
+        return issues
+    if gbs is not None and int(gbs) % (per_device * processes):
+        issues.append(ConfigIssue(f"{KEY}.generation_batch_size", f"{gbs} is not a multiple of the global batch "
+                                  f"per_device_train_batch_size x processes = {per_device * processes}, which TRL "
+                                  "refuses"))
+        return issues
+    size = int(gbs) if gbs is not None else per_device * processes * int(
+        spg if spg is not None else field_of(args, "gradient_accumulation_steps", 1))
+    if generations >= 1 and size % generations:
+        issues.append(ConfigIssue(
+            f"{KEY}.num_generations", f"{generations} does not divide the generation batch of {size} completions "
+            "(per_device_train_batch_size x processes x steps_per_generation), which TRL refuses: a batch holds "
+            "whole groups", hint=f"a divisor of {size}, or a per_device_train_batch_size that is a multiple of "
+            f"{generations}"))
+    return issues
 
 
 def _history_readers(cfg: DataflexConfig, key: str) -> list[str]:

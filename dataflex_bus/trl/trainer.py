@@ -31,7 +31,6 @@ import math
 import os
 from collections import deque
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,40 +40,24 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..batch import Batch
-from ..errors import ConfigError, ConfigIssue
 from ..runtime import Runtime
 from ..sampler import domain_labels, prepare_prompts
 from ..steps import Generation, Step, StepKit
 from . import loss, passes, state
+from .arguments import check_processing_class
 from .batches import BatchMaker
+from .block import load_block
 from .host import describe, generation_span
 from .processes import Processes
 from .prompts import PromptStream, prompt_table
 from .records import Kept, Pass, RoundData
 from .rows import Layout
+from .skips import SkippedUpdates
 
 log = logging.getLogger("dataflex_bus")
 
 #: File written into every ``checkpoint-N`` folder (:mod:`~dataflex_bus.trl.state`).
 STATE_FILE = state.STATE_FILE
-
-
-def load_block(dataflex: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any] | None:
-    """The ``dataflex`` block given to the trainer: a mapping, a YAML file holding one (under a top-level
-    ``dataflex:`` key, as the examples write it, or as the whole file), or ``None``."""
-    if dataflex is None or isinstance(dataflex, Mapping):
-        return None if dataflex is None else dict(dataflex)
-    from ..config import load_config
-
-    config = load_config(Path(dataflex))
-    if "dataflex" in config:
-        block = config["dataflex"]
-        return None if block is None else dict(block)
-    if "mechanism" in config or "methods" in config:
-        return config
-    raise ConfigError(ConfigIssue("dataflex", f"{dataflex} holds no dataflex block (no top-level 'dataflex:' key "
-                                  "and no mechanism or methods)"))
-
 
 
 class _StepEnd(TrainerCallback):
@@ -93,7 +76,7 @@ def _argument(args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str, posit
     return kwargs.get(name, args[position] if len(args) > position else None)
 
 
-class DataflexGRPOTrainer(GRPOTrainer):
+class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
     """TRL's ``GRPOTrainer`` running a ``dataflex`` block (see the module doc). ``dataflex``: a block
     (mapping), a YAML file holding one, or ``None`` (plain TRL; the kit's metrics are still logged). Every
     other argument is ``GRPOTrainer``'s. The block is validated against the TRL host's description of
@@ -109,6 +92,7 @@ class DataflexGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, dataflex: Mapping[str, Any] | str | os.PathLike[str] | None = None,
                  **kwargs: Any) -> None:
         block = load_block(dataflex)
+        check_processing_class(args, kwargs)
         config = _argument(args, kwargs, "args", 2)
         dataset = _argument(args, kwargs, "train_dataset", 3)
         environments = kwargs.get("environment_factory") is not None

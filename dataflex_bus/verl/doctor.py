@@ -26,7 +26,18 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from ..doctor import FAIL, OK, WARN, new_checks, plugin_checks, report, tested_version, version
+from ..doctor import (
+    FAIL,
+    OK,
+    WARN,
+    add_block,
+    block_warnings,
+    new_checks,
+    plugin_checks,
+    report,
+    tested_version,
+    version,
+)
 from . import TESTED_VERL, TRAINER_MODES
 
 
@@ -70,11 +81,12 @@ def _block_checks(overrides: Sequence[str], add: Any) -> None:
     from .trainer import build_runtime
 
     try:
-        runtime = build_runtime(config)
+        with block_warnings() as warnings:
+            runtime = build_runtime(config)
     except ConfigError as exc:
         add("dataflex block", FAIL, str(exc))
         return
-    add("dataflex block", OK, f"{mode} runs " + "; ".join(runtime.describe()))
+    add_block(add, f"{mode} runs " + "; ".join(runtime.describe()), warnings)
 
 
 def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -138,7 +150,7 @@ def _quiet_verl_import() -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Print the checks; exit status 1 if any failed."""
+    """Print the checks; exit status 1 if any failed (``--strict``: or warned)."""
     _quiet_verl_import()
     checks = run_checks(getattr(args, "overrides", None) or ())
-    return report(checks, as_json=getattr(args, "json", False))
+    return report(checks, as_json=getattr(args, "json", False), strict=getattr(args, "strict", False))

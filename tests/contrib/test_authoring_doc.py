@@ -87,3 +87,12 @@ def test_every_install_command_works_from_a_clone():
                      or a.startswith("'.") or a.startswith('".')]
             named = [a for a in args if not a.startswith("-") and a not in local and "torch" not in a]
             assert not named or "published" in comment, f"needs a published package: {line!r}"
+
+
+def test_the_doc_says_a_pack_runs_unchanged_in_trl():
+    """Once the page never mentioned TRL, where a pack runs unchanged."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("### The same pack on the shim, in verl and in TRL"):text.index("## 7.")]
+    for needle in ("unchanged", "from dataflex_bus.trl import DataflexGRPOTrainer", "processing_class=tokenizer",
+                   '"scorer": {"name": "my_scorer"}', "trainer.train()", "dataflex doctor --host trl"):
+        assert needle in section, needle

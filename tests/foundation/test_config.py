@@ -4,7 +4,7 @@ import pytest
 
 from dataflex_bus.block import DataflexConfig
 from dataflex_bus.config import apply_overrides, load_config, load_yaml
-from dataflex_bus.errors import ConfigError
+from dataflex_bus.errors import ConfigError, ConfigFileError
 
 SEED = """
 dataflex:
@@ -69,6 +69,16 @@ def test_bad_yaml_and_missing_file(tmp_path):
     top.write_text("- 1\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load_yaml(top)
+
+
+def test_a_missing_config_named_like_an_example_points_at_it(tmp_path, monkeypatch):
+    (tmp_path / "examples" / "trl").mkdir(parents=True)
+    (tmp_path / "examples" / "trl" / "mine.yaml").write_text("dataflex: null\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigFileError) as err:
+        load_config("mine")
+    assert str(err.value) == "mine: no such config file; did you mean 'examples/trl/mine.yaml'?"
+
 
 
 def test_block_errors_are_all_reported_with_keys():

@@ -36,3 +36,13 @@ def test_every_module_is_in_the_design_table():
     modules = sorted(p.name for p in package.glob("*.py") if not p.name.startswith("_"))
     missing = [m for m in modules if f"`{m}`" not in table]
     assert not missing, f"docs/DESIGN.md's module table lacks {missing}"
+
+
+def test_the_readme_block_lists_every_mechanism():
+    """Once the README's YAML comment listed ``select | reweight | mix | replay`` (no ``allocate``)."""
+    from dataflex_bus.mechanisms import mechanisms
+
+    readme = (DESIGN.parents[1] / "README.md").read_text()
+    found = re.search(r"^\s*mechanism: \w+\s+# (.*)$", readme, re.M)
+    assert found, "README.md's example block lost its `mechanism:` comment"
+    assert [m.strip() for m in found.group(1).split("|")] == [m.name for m in mechanisms()]

@@ -226,8 +226,10 @@ def test_mismatched_checkpoint_is_refused(tmp_path, shim_components):
         run_training(tiny(SELECT_EVEN, trainer={"lr": 0.01}), steps=4, out=tmp_path, resume=True)
     with pytest.raises(CheckpointError, match=r"dataflex\.actuator\.name"):
         run_training(tiny(sel({"name": "t_first_half"}, scorer="t_adv")), steps=4, out=tmp_path, resume=True)
-    with pytest.raises(CheckpointError, match="different config"):
+    with pytest.raises(CheckpointError, match="different config") as err:
         run_training(tiny(), steps=4, out=tmp_path, resume=True)
+    # Which side has the block, in one line (once: "dataflex: checkpoint {...whole block...}, config None").
+    assert "dataflex: checkpoint: a dataflex block (select t_reward+t_even_groups); config: none" in str(err.value)
 
 
 def test_corrupt_or_missing_checkpoint_is_refused(tmp_path):

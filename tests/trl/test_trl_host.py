@@ -140,3 +140,100 @@ def test_doctor_checks_a_block_against_the_grpo_config(capsys, tmp_path, monkeyp
     assert main(["doctor", "--host", "trl", "--json", "--config", str(block), "grpo.loss_type=sapo"]) == 1
     checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
     assert checks["dataflex block"]["status"] == "FAIL" and "GRPOConfig.loss_type" in checks["dataflex block"]["detail"]
+
+
+NOTHING_KEPT = {**QUICK_START, "actuator": {"name": "threshold_band", "params": {"low": 0.4, "high": 0.45}}}
+
+
+def test_a_group_method_under_one_generation_says_num_generations():
+    """Before: verl's wording, ``rollout n=1``, on the TRL host."""
+    with pytest.raises(ConfigError) as err:
+        validate(QUICK_START, host=describe({**ARGS, "num_generations": 1}))
+    assert "needs groups, but GRPOConfig.num_generations=1 (< 2) on host 'trl'" in str(err.value)
+    assert "rollout n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("fields", "key"), [
+    ({"num_generations": 1, "per_device_train_batch_size": 2}, "GRPOConfig.num_generations"),
+    ({"num_generations": 3}, "GRPOConfig.num_generations"),  # 8 rows a batch: no whole groups of 3
+    ({"generation_batch_size": 16, "steps_per_generation": 2}, "GRPOConfig.generation_batch_size"),
+    ({"generation_batch_size": 12}, "GRPOConfig.generation_batch_size"),  # not a multiple of 8 rows
+])
+def test_what_grpo_config_refuses_of_the_batch_shape_is_refused_by_name(fields, key):
+    from dataflex_bus.trl.host import config_issues
+
+    assert key in {i.key for i in config_issues(fields)}
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"num_generations": 1, "per_device_train_batch_size": 2},
+    {"num_generations": 2, "per_device_train_batch_size": 2},
+    {"num_generations": 3}, {"num_generations": 3, "per_device_train_batch_size": 3},
+    {"num_generations": 4, "per_device_train_batch_size": 2, "steps_per_generation": 2},
+    {"num_generations": 4, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 3},
+    {"num_generations": 3, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 3},
+    {"generation_batch_size": 16, "steps_per_generation": 2}, {"generation_batch_size": 12},
+    {"generation_batch_size": 24, "num_generations": 6}, {"generation_batch_size": 16, "num_generations": 6},
+])
+@pytest.mark.trl
+def test_the_grpo_config_check_refuses_exactly_what_trl_refuses(fields, tmp_path):
+    """``dataflex doctor --host trl`` checks a mapping of fields without building a GRPOConfig; what it refuses
+    of a batch's shape is what TRL 1.16's GRPOConfig refuses (once: ``[ok] GRPOConfig ... num_generations=1``)."""
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    from dataflex_bus.trl.host import config_issues
+
+    try:
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **fields)
+        refused = False
+    except ValueError:
+        refused = True
+    assert bool(config_issues(fields)) == refused, (fields, config_issues(fields))
+
+
+@pytest.mark.trl
+def test_doctor_warns_on_a_block_whose_probe_keeps_nothing_and_strict_fails_on_it(capsys, tmp_path, monkeypatch):
+    """Before: the probe's warning as a log line, then ``[  ok] dataflex block ... all checks passed`` (and the
+    log line read ``dataflex: dataflex: ...``)."""
+    pytest.importorskip("trl")
+    import json
+
+    import yaml
+
+    from dataflex_bus import logs
+    from dataflex_bus.cli import main
+
+    monkeypatch.setattr(logs, "configure", lambda **_: None)
+    block = tmp_path / "block.yaml"
+    block.write_text(yaml.safe_dump({"dataflex": NOTHING_KEPT}))
+    assert main(["doctor", "--host", "trl", "--json", "--config", str(block)]) == 0
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["dataflex block"]["status"] == "warn"
+    assert "every update would be skipped" in checks["dataflex block"]["detail"]
+    assert "dataflex: dataflex:" not in checks["dataflex block"]["detail"]
+    assert main(["doctor", "--host", "trl", "--strict", "--config", str(block)]) == 1
+    out = capsys.readouterr()
+    assert "failing under --strict" in out.out and "all checks passed" not in out.out
+    assert "every update would be skipped" not in out.err  # said once, in the table
+    assert main(["doctor", "--host", "trl", "--config", str(block), "grpo.num_generations=1"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] GRPOConfig" in out and "at least 2 completions" in out and "rollout n" not in out
+
+
+def test_a_bare_name_for_dataflex_says_what_is_expected_and_where_the_examples_are(monkeypatch):
+    """Before: ``dynamic_sampling: no such config file``, no word of a path or a mapping."""
+    from dataflex_bus.trl.block import load_block
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError) as err:
+        load_block("dynamic_sampling")
+    text = str(err.value)
+    assert "'dynamic_sampling' is no file; dataflex= takes a block (a mapping" in text
+    assert "the path of a YAML file holding one" in text and "or None" in text
+    assert "did you mean 'examples/dynamic_sampling.yaml' or 'examples/trl/dynamic_sampling.yaml'?" in text
+    with pytest.raises(ConfigError, match=r"'greso' is a component: `dataflex info greso` prints a block"):
+        load_block("greso")
+    with pytest.raises(ConfigError, match="got int 3; expected a block"):
+        load_block(3)  # type: ignore[arg-type]
+    assert load_block("examples/trl/dynamic_sampling.yaml")["actuator"] == {"name": "dapo"}

@@ -152,6 +152,71 @@ def test_a_checkpoint_without_dataflex_state_resumes_fresh_with_a_warning(tmp_pa
     assert os.path.isdir(tmp_path / "plain" / "checkpoint-1")
 
 
+def test_resume_with_another_block_names_the_keys_and_the_side_that_has_one(tmp_path):
+    """Before: ``saved {...}, now {...}`` (both whole blocks) and, with ``dataflex=None``, "disagree on whether a
+    dataflex method is configured" without saying which side has the block; neither said what to do."""
+    from dataflex_bus.confdiff import RESUME_FIX
+    from dataflex_bus.errors import ConfigError
+
+    rows = T.interleave(MIXED[:4], FLAT[:4], 2, 2)
+    kw = dict(rows=rows, rows_per_gen=16, steps=2)
+    T.train(DataflexGRPOTrainer, out=str(tmp_path / "a"), save_strategy="steps", save_steps=1,
+            trainer_kwargs={"dataflex": QUICK_START}, **kw)
+    checkpoint = str(tmp_path / "a" / "checkpoint-1")
+    other = {**QUICK_START, "actuator": {"name": "threshold_band", "params": {"low": 0.25, "high": 0.8}}}
+    with pytest.raises(ConfigError) as err:
+        T.train(DataflexGRPOTrainer, out=str(tmp_path / "b"), resume=checkpoint, trainer_kwargs={"dataflex": other},
+                **kw)
+    text = str(err.value)
+    assert "dataflex.actuator.params.low: checkpoint 0.2, this run 0.25" in text and RESUME_FIX in text
+    assert "success_threshold" not in text
+    with pytest.raises(ConfigError) as err:
+        T.train(DataflexGRPOTrainer, out=str(tmp_path / "c"), resume=checkpoint, trainer_kwargs={"dataflex": None},
+                **kw)
+    text = str(err.value)
+    assert "checkpoint: a dataflex block (select group_solve_rate+threshold_band); this run: none" in text
+    assert "the checkpoint's block: {" in text
+
+
+def test_a_bare_name_for_dataflex_is_refused_saying_what_dataflex_takes():
+    from dataflex_bus.errors import ConfigError
+
+    tok = T.tokenizer()
+    with pytest.raises(ConfigError, match=r"'dynamic_sampling' is no file; dataflex= takes a block \(a mapping"):
+        DataflexGRPOTrainer(model=T.model(tok), reward_funcs=[T.correct], args=T.config("unused", rows_per_gen=8),
+                            processing_class=tok, dataflex="dynamic_sampling")
+
+
+def test_a_model_built_from_a_config_without_processing_class_is_refused_naming_it():
+    """Before: ``OSError: Repo id must use alphanumeric chars ...: ''`` from inside the Hub client."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dataflex_bus.errors import ConfigError
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ConfigError, match=r"processing_class: not given, and the model was built from a config"):
+        DataflexGRPOTrainer(model=model, reward_funcs=[T.correct], args=T.config("unused", rows_per_gen=8),
+                            dataflex=QUICK_START)
+
+
+def test_a_skipped_update_logs_no_grad_norm_and_a_run_mostly_skipped_ends_with_a_summary(dataflex_log):
+    """Before: TRL logged a grad_norm for every skipped update, and a run whose every update was skipped ended
+    like one that trained (no line saying so)."""
+    # Generation batch 1 only flat groups (skipped), batch 2 mixed ones (trained); shuffle_dataset=False.
+    run = T.train(DataflexGRPOTrainer, rows=[*FLAT[:4], *MIXED[:4]], rows_per_gen=16, steps=2,
+                  trainer_kwargs={"dataflex": DAPO})
+    first, second = run["logs"]
+    assert first["dataflex/skipped_update"] == 1.0 and "grad_norm" not in first
+    assert second["dataflex/skipped_update"] == 0.0 and second["grad_norm"] > 0
+    warnings = [r.getMessage() for r in dataflex_log.records if r.levelno == logging.WARNING]
+    assert not any("updates were skipped" in w for w in warnings)  # half skipped: no summary
+    T.train(DataflexGRPOTrainer, rows=FLAT[:8], rows_per_gen=16, steps=2, trainer_kwargs={"dataflex": DAPO})
+    (line,) = [r.getMessage() for r in dataflex_log.records if "updates were skipped" in r.getMessage()]
+    assert line.startswith("dataflex: 2 of 2 updates were skipped")
+    assert "select:dapo (reward_difficulty+dapo @ on_rollout) kept 0.0% of the rows it saw" in line
+
+
 def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
     from datasets import Dataset
 

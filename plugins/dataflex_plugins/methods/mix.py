@@ -205,7 +205,9 @@ class Static(Mixer):
     """
 
     params: ClassVar = {
-        "proportions": Param((dict, list), doc="domain -> weight, or weights in domain order"),
+        # The example names the shim's default domains (`dataflex run` with no data section).
+        "proportions": Param((dict, list), doc="domain -> weight, or weights in domain order",
+                             example={"copy": 1.0, "sort": 1.0, "reverse": 1.0, "random": 1.0}),
     }
     proportions: dict | list
 

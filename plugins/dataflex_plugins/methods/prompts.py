@@ -98,6 +98,8 @@ class Greso(Selector):
                           "history_step_easy", "history_step_hard")
     accepts: ClassVar = ("prompt",)
     uses_history: ClassVar = True
+    #: The signed streak its keep probabilities are powers of; another scorer's value would be read as one.
+    intended_scorers: ClassVar = ("zero_variance_streak",)
     params: ClassVar = {
         "p_easy_init": Param(float, 0.5, low=0.0, high=1.0, doc="initial exploration probability, easy prompts"),
         "p_hard_init": Param(float, 0.5, low=0.0, high=1.0, doc="initial exploration probability, hard prompts"),
