@@ -407,7 +407,7 @@ def test_an_info_example_writes_small_floats_as_yaml_floats():
     write it so that the block it shows validates."""
     import yaml
 
-    from dataflex_bus.catalog import _yaml_scalar
+    from dataflex_bus.catalog import _yaml_value
 
     for value in (1e-6, 1e20, 2.5e-7, 0.5, 3, "x", True):
-        assert yaml.safe_load(f"v: {_yaml_scalar(value)}")["v"] == value
+        assert yaml.safe_load(f"v: {_yaml_value(value)}")["v"] == value
