@@ -284,13 +284,15 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
         except DataflexError:
             continue
 
-    def preference(option: tuple[str, Any, Any]) -> tuple[int, bool, int, str]:
-        # The pack's own partners first, then the pairing the actuator lists first in `accepts`.
+    def preference(option: tuple[str, Any, Any]) -> tuple[int, bool, bool, int, str]:
+        # The pack's own partners first, an actuator's intended scorers first, then the pairing the actuator
+        # lists first in `accepts`.
         mechanism, partner, p_cls = option
         scorer_cls, actuator_cls = (cls, p_cls) if spec.kind == "scorer" else (p_cls, cls)
         accepts = list(actuator_cls.accepts)
         fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
-        return names.index(mechanism), partner.provider != spec.provider, fit, partner.name
+        intended = spec.kind != "scorer" and partner.name in getattr(cls, "intended_scorers", ())
+        return names.index(mechanism), partner.provider != spec.provider, not intended, fit, partner.name
 
     def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
         pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
