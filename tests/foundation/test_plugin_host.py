@@ -411,3 +411,14 @@ def test_an_info_example_writes_small_floats_as_yaml_floats():
 
     for value in (1e-6, 1e20, 2.5e-7, 0.5, 3, "x", True):
         assert yaml.safe_load(f"v: {_yaml_value(value)}")["v"] == value
+
+
+@pytest.mark.parametrize(("actuator", "scorer"), [("ada_downsample", "reward_difficulty"),
+                                                  ("exclude_solved", "max_solve_rate"), ("top_b", "mopps")])
+def test_an_actuators_info_example_pairs_it_with_its_intended_scorer(actuator, scorer, capsys):
+    import yaml
+
+    assert main(["info", actuator, "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["example_validated"]
+    assert yaml.safe_load(entry["example"])["dataflex"]["scorer"]["name"] == scorer

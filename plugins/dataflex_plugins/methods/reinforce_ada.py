@@ -142,8 +142,9 @@ class ReinforceAda(Allocator):
         pos = score.counts.to(torch.long)
         neg = score.totals.to(torch.long) - pos
         done = exits(pos, neg, self.final_keep, self.choice)
-        last = budget.round + 1 >= self.max_rounds
-        more = real & ~done & (not last)
+        more = real & ~done
+        if budget.round + 1 >= self.max_rounds:  # the last round: the unexited prompts fall back
+            more = torch.zeros_like(more)
         if bool(more.any()) and budget.group_size < 1:
             raise BatchFieldError(self.who, "budget_group_size", "a round generates the host's group size M, which "
                                   "this host does not give")
