@@ -70,24 +70,19 @@ def _model(tok: Any) -> Any:
     return LlamaForCausalLM(cfg).float()
 
 
-#: A session's token: its number in base 36 (an allocation's groups hold up to 36 rollouts of a prompt).
-SESSIONS = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
 def _rollout(tok: Any) -> Any:
-    token = [tok.convert_tokens_to_ids(c) for c in SESSIONS]
+    digit = {str(i): tok.convert_tokens_to_ids(str(i)) for i in range(10)}
 
     def rollout_func(prompts: list[str], trainer: Any) -> dict[str, Any]:
-        # Sessions number a prompt's rollouts within one generation request (a continuation's start at 0)
         seen: dict[str, int] = {}
         prompt_ids, completion_ids = [], []
         for p in prompts:
-            session = seen.get(p, 0)
-            seen[p] = session + 1
+            session = seen.get(p, 0) % N
+            seen[p] = seen.get(p, 0) + 1
             row = int(p.split()[1])
             length = response_length(row, session)
             prompt_ids.append(tok(p, add_special_tokens=False)["input_ids"])
-            completion_ids.append([token[session]] + [token[0]] * (length - 2) + [tok.eos_token_id])
+            completion_ids.append([digit[str(session)]] + [digit["0"]] * (length - 2) + [tok.eos_token_id])
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
     return rollout_func
@@ -95,7 +90,7 @@ def _rollout(tok: Any) -> Any:
 
 def world_reward(completions: list[str], data_source: list[str], **_: Any) -> list[float]:
     """The world's reward of each rollout: its domain and session (the completion's first character)."""
-    return [reward(domain, SESSIONS.index(text[0])) for text, domain in zip(completions, data_source)]
+    return [reward(domain, int(text[0])) for text, domain in zip(completions, data_source)]
 
 
 def _args(out: str, *, batch: int, steps: int) -> Any:
@@ -136,7 +131,7 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
                 continue
             ids = inputs["prompt_ids"][i][inputs["prompt_mask"][i].bool()].tolist()
             domain, row = tok.decode(ids).split()
-            session = SESSIONS.index(tok.convert_ids_to_tokens(int(inputs["completion_ids"][i, 0])))
+            session = int(tok.convert_ids_to_tokens(int(inputs["completion_ids"][i, 0])))
             mask = inputs["completion_mask"][i]  # TRL's loss mask: completion_mask x tool_mask
             mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"][i]
             adv = inputs["advantages"][i]
