@@ -232,7 +232,7 @@ def ragged_advantages(trainer: DataflexGRPOTrainer, rewards: Tensor, kept: Kept)
                                              scale_rewards=str(trainer.scale_rewards),
                                              aggregation=str(trainer.multi_objective_aggregation))
     trainer._metrics["train"]["frac_reward_zero_std"][-1] = std_is_zero.float().mean().item()
-    logged = trainer._logs["advantages"]  # (a deque of at most generation_batch_size entries)
+    logged: Any = trainer._logs["advantages"]  # (a deque of at most generation_batch_size entries)
     for _ in range(min(len(kept), len(logged))):
         logged.pop()
     logged.extend(advantages.tolist())

@@ -104,7 +104,8 @@ if not os.environ.get("CASE") or "allocation" in os.environ["CASE"]:
     a = T.train(DataflexGRPOTrainer, rows=MIXED[:8], rows_per_gen=16, processes=2, loss_type="dapo",
                 trainer_kwargs={"dataflex": allocate([3, 4, 0, 2], exact_budget=False)})
     m = a["trainer"].dataflex_metrics
-    got = {"generated": [x["compute/generated_rollouts"] for x in m], "trained": [x["dataflex/trained/rows"] for x in m],
+    got = {"generated": [x["compute/generated_rollouts"] for x in m],
+           "trained": [x["dataflex/trained/rows"] for x in m],
            "fillers": [x["dataflex/compute/filler_rollouts"] for x in m]}
     results.append({"name": "an odd allocation, filler rows", **got,
                     "ok": got == {"generated": [9.0, 18.0], "trained": [9.0, 9.0], "fillers": [1.0, 1.0]}})
