@@ -97,3 +97,15 @@ def grpo_outcome_advantage(
     adv = centred / (gather_segments(std, group_index, fill=1.0) + eps) if norm_by_std else centred
     adv = torch.where(group_index >= 0, adv, torch.zeros_like(adv))
     return adv.to(rewards.dtype)
+
+
+def segment_slots(index: Tensor, num_segments: int) -> Tensor:
+    """Each row's position within its segment (0, 1, ... in row order), long ``[R]``: with ``index`` it places
+    rows in a dense ``[num_segments, max_count]`` layout. Padding rows (``index < 0``) get -1."""
+    idx, valid = _clean_index(index, num_segments)
+    order = torch.sort(idx, stable=True).indices
+    starts = torch.cumsum(torch.bincount(idx, minlength=num_segments + 1), 0) - torch.bincount(
+        idx, minlength=num_segments + 1)
+    slots = torch.empty_like(idx)
+    slots[order] = torch.arange(idx.numel(), device=idx.device) - starts[idx[order]]
+    return torch.where(valid, slots, torch.full_like(slots, -1))

@@ -50,9 +50,9 @@ class BatchMaker:
 
     def rollout(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                 tool_mask: list[list[int]] | None, rewards: Tensor, labels: list[str] | None,
-                rows: Tensor | None) -> tuple[Batch, Tensor]:
-        """A round's on_rollout batch (every process's rows) and each row's loss-mask tokens: groups of
-        ``group_size`` rows, the reward TRL logs (reward functions weighted and summed; every function
+                rows: Tensor | None, uid: Tensor) -> tuple[Batch, Tensor]:
+        """A round's on_rollout batch (every process's rows) and each row's loss-mask tokens: groups labelled
+        ``uid``, the reward TRL logs (reward functions weighted and summed; every function
         ``None``: NaN) on the last response token."""
         R = len(completion_ids)
         width = max(1, max(len(c) for c in completion_ids))
@@ -67,7 +67,7 @@ class BatchMaker:
         if self.runtime.keeps_history:
             assert rows is not None
             fields["prompt_index"] = self.prompt_index(rows)
-        batch = Batch.from_tensors(uid=torch.arange(R) // self.group_size, domains=labels,
+        batch = Batch.from_tensors(uid=uid, domains=labels,
                                    domain_names=self.domains if labels is not None else None, **fields)
         return batch, loss.sum(dim=1)
 

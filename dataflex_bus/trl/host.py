@@ -52,9 +52,11 @@ LACKS = {
     "replay": "TRL's generation batch holds exactly the rows generated for it (its RepeatSampler sizes every "
               "optimizer step), and the host adds no stored rows to it; replay runs on the shim and verl's "
               "dataflex_sync",
-    "ragged_groups": "TRL generates num_generations completions for every prompt (its RepeatSampler and "
-                     "advantage grouping assume equal groups); allocation runs on the shim and verl's dataflex_sync",
 }
+#: Why allocation is refused with vLLM generation.
+VLLM_RAGGED = ("with use_vllm=True TRL's vLLM generation makes num_generations completions of every "
+               "num_generations-th prompt, so per-prompt rollout counts cannot be generated; use transformers' "
+               "generation (use_vllm=False)")
 CAPABILITIES_TRL = frozenset(CAPABILITIES) - set(LACKS)
 
 
@@ -98,6 +100,9 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
         capabilities -= set(INDEXED)
         missing.update(dict.fromkeys(INDEXED, "train_dataset is an IterableDataset, whose rows cannot be drawn by "
                                               "index: give a datasets.Dataset"))
+    if bool(field_of(args, "use_vllm", False)):
+        capabilities.discard("ragged_groups")
+        missing["ragged_groups"] = VLLM_RAGGED
     if float(field_of(args, "beta", 0.0)) != 0.0:
         advantage.add("ref_log_prob")
     else:

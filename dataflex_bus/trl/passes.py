@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from ..errors import DataflexError
-from ..steps import Candidates, RolloutOutcome, Step
+from ..steps import Candidates, RolloutOutcome, Step, concat_rows
+from .advantages import trl_advantages
 from .processes import unlog_padding
 from .records import Collected, Kept, Pass, RoundData
 from .rows import Layout
@@ -39,19 +40,26 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
     trainer._dfx_generations += 1
     probs = step.domain_probabilities(trainer._dfx_domains or []) if trainer.dataflex.mixes else None
     gen = trainer._dfx_gen = step.generation(trainer._dfx_target)
+    trainer._dfx_fillers = 0
     rounds: list[RoundData] = []
     out: dict[str, Any] | None = None
     try:
         while (n := gen.request()) > 0:
-            local, rows = round_inputs(trainer, step, n, inputs, probs)
+            request = round_inputs(trainer, step, n, inputs, probs)
             if trainer._dfx_collects:
-                rounds.append(collect(trainer, local, rows))
+                data = collect(trainer, request)
+                while (more := gen.continuation()) is not None:  # an allocator's continuation rounds
+                    extra = collect(trainer, continuation(trainer, data, more.rows, more.counts))
+                    data.extend(extra, concat_rows(data.batch, extra.batch))
+                rounds.append(data)
             else:
-                out, data = native(trainer, local, rows)
+                out, data = native(trainer, request)
                 rounds.append(data)
         outcome = gen.finish()
     finally:
         trainer._dfx_gen = None
+    if trainer._dfx_ragged:  # the host's own cost, beside the kit's compute/generated_rollouts
+        step.metrics["dataflex/compute/filler_rollouts"] = float(trainer._dfx_fillers)
     trainer._dfx_processes.agree("on_rollout", *(k for k in outcome.keeps if k is not None),
                                  torch.tensor([outcome.skip_update]))
     if trainer._dfx_collects:
@@ -68,13 +76,15 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
 
 
 def round_inputs(trainer: DataflexGRPOTrainer, step: Step, n: int, inputs: list[dict[str, Any]],
-                 probs: Tensor | None) -> tuple[list[dict[str, Any]], Tensor | None]:
-    """This process's rows of a round of ``n`` prompts: TRL's own (the dataloader's generation batch) or,
-    with a stream, ``n`` prompts (rounded up to whole rows per process) chosen by ``Step.prompts``."""
+                 probs: Tensor | None) -> Pass:
+    """The collect or native pass of a round of ``n`` prompts: TRL's own rows (the dataloader's generation
+    batch) or, with a stream, ``n`` prompts (rounded up to whole rows per process) chosen by ``Step.prompts``,
+    each with the group size's rollouts or an allocation's count (this process's rows in ``Pass.inputs``)."""
     stream = trainer._dfx_stream
+    kind = "collect" if trainer._dfx_collects else "native"
     if stream is None:
         step.prompts(n, lambda k: Candidates(inputs))
-        return inputs, None
+        return Pass(kind, inputs=inputs)
     n = -(-n // trainer._dfx_unit) * trainer._dfx_unit
     table_ids = trainer._dfx_batches.row_domain
 
@@ -85,22 +95,42 @@ def round_inputs(trainer: DataflexGRPOTrainer, step: Step, n: int, inputs: list[
         return Candidates(rows, table_ids[rows], rows.clone())
 
     chosen = step.prompts(n, draw)
-    rows = torch.cat(chosen.draws)[chosen.index].repeat_interleave(trainer._dfx_G)
-    processes = trainer._dfx_processes
-    per = rows.numel() // processes.count
-    rank = processes.rank
+    prompts = torch.cat(chosen.draws)[chosen.index]
+    sizes = chosen.counts if chosen.counts is not None else torch.full((prompts.numel(),), trainer._dfx_G)
+    rows = prompts.repeat_interleave(sizes)
     dataset: Any = trainer.train_dataset
     read: dict[int, dict[str, Any]] = {}  # each prompt's row read once, copied per rollout (TRL adds to them)
-    mine = [int(i) for i in rows[rank * per:(rank + 1) * per]]
-    return [dict(read[i] if i in read else read.setdefault(i, dict(dataset[i]))) for i in mine], rows
+    return sharded(trainer, Pass(kind, rows=rows, uid=torch.arange(prompts.numel()).repeat_interleave(sizes)),
+                   [read[i] if i in read else read.setdefault(i, dict(dataset[i])) for i in rows.tolist()])
 
 
-def native(trainer: DataflexGRPOTrainer, local: list[dict[str, Any]],
-           rows: Tensor | None) -> tuple[dict[str, Any], RoundData]:
+def continuation(trainer: DataflexGRPOTrainer, data: RoundData, first: Tensor, counts: Tensor) -> Pass:
+    """The collect pass of a continuation round: ``counts`` more rollouts of the groups whose first rows in
+    ``data`` are ``first``, under the groups' labels."""
+    index = first.repeat_interleave(counts)
+    assert data.inputs is not None and data.uid is not None
+    return sharded(trainer, Pass("collect", rows=None if data.rows is None else data.rows[index],
+                                 uid=data.uid[index], extends=True), [data.inputs[i] for i in index.tolist()])
+
+
+def sharded(trainer: DataflexGRPOTrainer, p: Pass, rows: list[dict[str, Any]]) -> Pass:
+    """``p`` with this process's slice of a round's rows (every process's, in TRL's global order) as its
+    inputs: TRL gathers rewards across processes, so every process generates as many rows, the last process
+    making up the difference with filler copies of the last row (``Pass.fillers``, left out of everything)."""
+    processes = trainer._dfx_processes
+    p.fillers = -len(rows) % processes.count
+    rows = rows + rows[-1:] * p.fillers
+    per = len(rows) // processes.count
+    p.inputs = [dict(x) for x in rows[processes.rank * per:(processes.rank + 1) * per]]
+    return p
+
+
+def native(trainer: DataflexGRPOTrainer, p: Pass) -> tuple[dict[str, Any], RoundData]:
     """TRL's generation batch, untouched; on_rollout is emitted from inside it (``_calculate_rewards``)."""
-    trainer._dfx_pass = p = Pass("native", rows=rows, old_entropy=trainer._dfx_old_entropy())
+    p.old_entropy = trainer._dfx_old_entropy()
+    trainer._dfx_pass = p
     try:
-        out = trainer._dfx_trl_generation(local)
+        out = trainer._dfx_trl_generation(p.inputs)
     finally:
         trainer._dfx_pass = None
     assert p.round is not None
@@ -109,11 +139,11 @@ def native(trainer: DataflexGRPOTrainer, local: list[dict[str, Any]],
     return out, p.round
 
 
-def collect(trainer: DataflexGRPOTrainer, local: list[dict[str, Any]], rows: Tensor | None) -> RoundData:
+def collect(trainer: DataflexGRPOTrainer, p: Pass) -> RoundData:
     """One generation round: TRL's method up to its rewards (and on_rollout), then stopped."""
-    trainer._dfx_pass = p = Pass("collect", rows=rows)
+    trainer._dfx_pass = p
     try:
-        trainer._dfx_trl_generation(local)
+        trainer._dfx_trl_generation(p.inputs)
     except Collected:
         pass
     else:
@@ -121,6 +151,7 @@ def collect(trainer: DataflexGRPOTrainer, local: list[dict[str, Any]], rows: Ten
     finally:
         trainer._dfx_pass = None
     assert p.round is not None
+    trainer._dfx_fillers += p.fillers
     return p.round
 
 
@@ -161,12 +192,14 @@ def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept
                                  old_entropy=trainer._dfx_old_entropy())
     try:
         # TRL's old/reference passes run in chunks of one micro-batch, as on a batch of only these rows.
-        with micro_batch_rows(trainer.args, layout.per_rank // spg):
+        with micro_batch_rows(trainer.args, layout.per_rank // spg), groups_of_one(trainer, trainer._dfx_ragged):
             out = trainer._dfx_trl_generation(inputs)
     finally:
         trainer._dfx_pass = None
     if p.entropies is not None:
         out["_dfx_entropy"] = p.entropies
+    if trainer._dfx_ragged:
+        out["advantages"] = ragged_advantages(trainer, rewards.detach().cpu(), kept)[lo:hi].to(rewards.device)
     adv = out["advantages"]  # TRL's slice of the kept rows: this process's real rows
     if adv.size(0) < layout.per_rank:
         out["advantages"] = torch.cat([adv, adv.new_zeros(layout.per_rank - adv.size(0), *adv.shape[1:])])
@@ -174,6 +207,36 @@ def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept
         processes.mark_padding(out, hi - lo, layout)
         unlog_padding(trainer._logs, layout)
     return out, layout
+
+
+@contextlib.contextmanager
+def groups_of_one(trainer: DataflexGRPOTrainer, on: bool) -> Iterator[None]:
+    """TRL's ``num_generations`` set to 1 while inside (when ``on``): its advantages then reshape a batch of
+    any size (``rewards.view(-1, 1)``); the host replaces them with the ragged groups' own
+    (:func:`ragged_advantages`)."""
+    old = trainer.num_generations
+    trainer.num_generations = 1 if on else old
+    try:
+        yield
+    finally:
+        trainer.num_generations = old
+
+
+def ragged_advantages(trainer: DataflexGRPOTrainer, rewards: Tensor, kept: Kept) -> Tensor:
+    """TRL's advantages of the kept rows over their groups, whatever their sizes
+    (:func:`~dataflex_bus.trl.advantages.trl_advantages`), every process's (``[K]``); what TRL logged of
+    them in the pass (computed over groups of one) is corrected."""
+    _, groups = torch.unique(kept.groups, return_inverse=True)
+    advantages, std_is_zero = trl_advantages(rewards, groups, int(groups.max()) + 1 if len(kept) else 0,
+                                             trainer.reward_weights.detach().cpu(),
+                                             scale_rewards=str(trainer.scale_rewards),
+                                             aggregation=str(trainer.multi_objective_aggregation))
+    trainer._metrics["train"]["frac_reward_zero_std"][-1] = std_is_zero.float().mean().item()
+    logged: Any = trainer._logs["advantages"]  # (a deque of at most generation_batch_size entries)
+    for _ in range(min(len(kept), len(logged))):
+        logged.pop()
+    logged.extend(advantages.tolist())
+    return advantages
 
 
 @contextlib.contextmanager
@@ -191,8 +254,12 @@ def rewarded(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any]]
     """A round's rewards are known (inside TRL's ``_calculate_rewards``): its rows from every process, its
     on_rollout batch handed to the step's generation; a collected round ends here (:class:`Collected`)."""
     p.round = data = round_data(trainer, p, inputs, rewards, full=p.kind == "collect")
-    assert trainer._dfx_gen is not None
-    trainer._dfx_gen.add(data.batch)
+    gen = trainer._dfx_gen
+    assert gen is not None
+    if p.extends:
+        gen.extend(data.batch)
+    else:
+        gen.add(data.batch)
     if p.kind == "collect":
         raise Collected
 
@@ -224,11 +291,16 @@ def round_data(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any
         pending.clear()
     glob = trainer._dfx_processes.gather_lists(local)
     rewards = rewards.detach().cpu()
+    if p.fillers:  # the last process's filler rows: in no batch, no count, no update
+        glob = {k: v[:-p.fillers] for k, v in glob.items()}
+        rewards = rewards[:-p.fillers]
+    uid = p.uid if p.uid is not None else torch.arange(len(rewards)) // trainer._dfx_batches.group_size
     batch, loss_tokens = trainer._dfx_batches.rollout(glob["prompt_ids"], glob["completion_ids"],
-                                                      glob.get("tool_mask"), rewards, glob.get("labels"), p.rows)
+                                                      glob.get("tool_mask"), rewards, glob.get("labels"), p.rows,
+                                                      uid)
     data = RoundData(prompt_ids=glob["prompt_ids"], completion_ids=glob["completion_ids"],
                      tool_mask=glob.get("tool_mask"), rewards=rewards, labels=glob.get("labels"), batch=batch,
-                     loss_tokens=loss_tokens, rows=p.rows)
+                     loss_tokens=loss_tokens, rows=p.rows, uid=uid)
     if full:
         data.completions, data.inputs, data.logprobs = glob["completions"], glob["inputs"], glob.get("logprobs")
         data.tool_images = glob.get("tool_images")

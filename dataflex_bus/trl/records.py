@@ -22,7 +22,8 @@ class Collected(Exception):
 class RoundData:
     """One generation round, every process's rows in TRL's global order (rank-major): what TRL's
     ``_generate`` returned, the rewards (``[R, F]``, one column per reward function), the dataset rows drawn
-    (``None``: TRL's dataloader chose them), the domain labels and the on_rollout batch."""
+    (``None``: TRL's dataloader chose them), the domain labels, each row's group label (``uid``) and the
+    on_rollout batch (with an allocator's continuation rounds, the round's rows so far)."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
@@ -32,6 +33,7 @@ class RoundData:
     batch: Batch
     loss_tokens: Tensor
     rows: Tensor | None = None
+    uid: Tensor | None = None
     completions: list[Any] | None = None
     logprobs: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -42,14 +44,40 @@ class RoundData:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
+    def extend(self, more: RoundData, batch: Batch) -> None:
+        """``more``'s rows (a continuation round of this round's groups) appended; ``batch``: the round's
+        on_rollout batch with them (what the kit decided on)."""
+        for name in ("prompt_ids", "completion_ids", "tool_mask", "labels", "completions", "logprobs",
+                     "tool_images", "inputs"):
+            mine, theirs = getattr(self, name), getattr(more, name)
+            if mine is not None and theirs is not None:
+                setattr(self, name, [*mine, *theirs])
+        for name in ("rewards", "loss_tokens", "rows", "uid"):
+            mine, theirs = getattr(self, name), getattr(more, name)
+            if mine is not None and theirs is not None:
+                setattr(self, name, torch.cat([mine, theirs]))
+        for key, values in more.extra.items():
+            if isinstance(values, list):
+                self.extra[key] = [*self.extra[key], *values]
+        for column, values in more.pending_logs.items():
+            self.pending_logs[column] = [*self.pending_logs.get(column, [None] * (len(self) - len(more))), *values]
+        self.batch = batch
+
 
 @dataclass
 class Pass:
     """One call of TRL's ``_generate_and_score_completions`` made by the host: ``native`` (TRL runs it whole),
-    ``collect`` (a round, ended after its rewards) or ``replay`` (the kept rows, generation and rewards given)."""
+    ``collect`` (a round, ended after its rewards) or ``replay`` (the kept rows, generation and rewards given).
+    ``rows``/``uid``: the dataset row and group label of each real row of a round; ``fillers``: rows after them
+    generated only so that every process has as many (left out of everything); ``extends``: the round is a
+    continuation of the last one (more rollouts of its groups)."""
 
     kind: str
     rows: Tensor | None = None
+    uid: Tensor | None = None
+    fillers: int = 0
+    extends: bool = False
+    inputs: list[dict[str, Any]] = field(default_factory=list)
     generated: tuple[Any, ...] | None = None
     rewards: Tensor | None = None
     round: RoundData | None = None

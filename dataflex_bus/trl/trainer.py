@@ -123,7 +123,10 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_target = args.generation_batch_size // G
         self._dfx_unit = P // math.gcd(G, P)  # prompts a round is rounded to, so every process gets whole rows
         #: Rounds stop after their rewards and TRL's method runs again on the kept rows (passes.py).
-        self._dfx_collects = runtime.drops_rows_at("on_rollout") or runtime.refill is not None
+        #: Groups of any size (an allocation): TRL's advantages are replaced by the host's over the groups.
+        self._dfx_ragged = runtime.allocates
+        self._dfx_collects = runtime.drops_rows_at("on_rollout") or runtime.refill is not None or self._dfx_ragged
+        self._dfx_fillers = 0  # filler rollouts of the current generation batch (passes.sharded)
         self._dfx_old_needed = args.gradient_accumulation_steps % span != 0 or bool(
             self.use_vllm and self.vllm_importance_sampling_correction)
         self._dfx_pass = self._dfx_gen = self._dfx_step = self._dfx_end_batch = None

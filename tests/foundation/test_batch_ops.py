@@ -197,3 +197,11 @@ def test_a_method_is_not_refused_for_nan_after_the_response_end():
     block = {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
              "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}}
     assert torch.equal(apply_method(block, nan_tail).keep, apply_method(block, b).keep)
+
+
+def test_segment_slots_number_each_segments_rows_in_order_and_skip_padding():
+    from dataflex_bus.ops import segment_slots
+
+    index = torch.tensor([2, 0, 2, -1, 0, 1, 2])
+    assert segment_slots(index, 3).tolist() == [0, 0, 1, -1, 1, 0, 2]
+    assert segment_slots(torch.zeros(0, dtype=torch.long), 0).tolist() == []

@@ -26,6 +26,7 @@ from world import DOMAINS, StepRecord, World
 pytestmark = pytest.mark.hosts
 
 A_COPY = 0.866025  # rewards [1, 0, 1, 0]: (r - 0.5) / (std 0.57735 + 1e-6)
+A_COPY8 = 0.935414  # a group of 8 continuing [1, 0, 1, 0]: (r - 0.5) / (std 0.534522 + 1e-6)
 A_SORT_RIGHT, A_SORT_WRONG = 1.5, -0.5  # [1, 0, 0, 0]: mean 0.25, std 0.5
 #: Relative tolerance of advantage-derived values on the host under test (``Host.rel``, set per test; the shim
 #: and verl divide by std + 1e-6, TRL by std + 1e-4).
@@ -201,7 +202,8 @@ def _speed(records: list[StepRecord]) -> None:
     (r,) = records
     # copy [1,0,1,0] and sort [1,0,0,0] qualify and get 4 more rollouts each (groups of 8), reverse is dropped
     assert trained_domains(r) == {"copy": 16, "sort": 16}
-    assert {round(abs(x.advantages[0]), 4) for k, x in r.trained.items() if k[0] == "copy"} == {0.9354}
+    assert all(abs(x.advantages[0]) == pytest.approx(A_COPY8, abs=1e-4, rel=REL) for k, x in r.trained.items()
+               if k[0] == "copy")
     m = r.metrics
     assert m["compute/generated_rollouts"] == 24 + 16 and m["dataflex/alloc/continued"] == 4
     assert m["dataflex/speed/qualified_groups"] == 4 and m["dataflex/alloc/max"] == 8
@@ -213,7 +215,8 @@ def _pilot_commit(records: list[StepRecord]) -> None:
     # second step draws the same prompts
     for r in records:
         assert trained_domains(r) == {"copy": 16, "sort": 16}
-        assert {round(abs(x.advantages[0]), 4) for k, x in r.trained.items() if k[0] == "copy"} == {0.9354}
+        assert all(abs(x.advantages[0]) == pytest.approx(A_COPY8, abs=1e-4, rel=REL)
+                   for k, x in r.trained.items() if k[0] == "copy")
         m = r.metrics
         assert m["dataflex/alloc/rollouts"] == 24 + 16 and m["dataflex/alloc/continued"] == 4
         assert m["dataflex/pc/pilot_commit/committed_groups"] == 4

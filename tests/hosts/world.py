@@ -89,7 +89,10 @@ def kit_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def add_row(record: StepRecord, domain: str, row: int, session: int, value: Row) -> None:
-    """Add one trained row in update order, counting the prompt's repeated generations."""
+    """Add one trained row in update order, counting the prompt's repeated generations. Sessions are keyed
+    modulo ``N`` (a session's reward and length repeat every ``N``): an allocation's group of 8 is two blocks
+    of ``N``, whether a host numbers its rollouts 0-7 or 0-3 twice."""
+    session %= N
     k = 0
     while (domain, row, session, k) in record.trained:
         k += 1

@@ -30,8 +30,17 @@ def test_the_description_is_trl_s_batch():
     assert "ref_log_prob" not in host.fields["on_advantage"] and "beta" in host.why_not("ref_log_prob")
     assert "ref_log_prob" in describe({**ARGS, "beta": 0.04}).fields["on_advantage"]
     assert {"values", "returns", "rollout_is_weights"}.isdisjoint(host.fields["on_advantage"])
-    assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights"}
-    assert "RepeatSampler" in host.why_not("replay") and "num_generations" in host.why_not("ragged_groups")
+    assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights", "ragged_groups"}
+    assert "RepeatSampler" in host.why_not("replay")
+    vllm = describe({**ARGS, "use_vllm": True})
+    assert "ragged_groups" not in vllm.capabilities and "use_vllm=False" in vllm.why_not("ragged_groups")
+
+
+def test_the_allocation_examples_validate_unchanged():
+    host = describe(ARGS)
+    for name in ("knapsack", "speed", "pilot_commit", "reinforce_ada"):
+        block = load_config(ROOT / "examples" / f"{name}.yaml")["dataflex"]
+        assert validate(block, host=host).methods, name
 
 
 def test_the_seed_quick_start_and_the_stack_example_validate_unchanged():

@@ -30,7 +30,7 @@ def test_two_processes_decide_the_same_and_train_exactly(tmp_path):
     result = json.loads(out.read_text())
     assert result["world_size"] == 2
     cases = {c["name"]: c for c in result["cases"]}
-    assert len(cases) == 7
+    assert len(cases) == 9
     for name, c in cases.items():
         assert c["ok"], (name, c)
         if "uneven" not in name and "max_abs_diff" in c:

@@ -82,6 +82,34 @@ case("rows dropped at on_advantage, laid out again", MIXED[:8], 16, block={
     "actuator": {"name": "topk_fraction", "params": {"fraction": 0.5}}}, loss_type="bnpo")
 
 
+if not os.environ.get("CASE") or "allocation" in os.environ["CASE"]:
+    from test_trl_allocate import ByPosition, Position
+
+    register_local("scorer", "test_position", Position)
+    register_local("allocator", "test_by_position", ByPosition)
+    reset_plugins()
+
+    def allocate(counts: list[int], **params: Any) -> dict[str, Any]:
+        return {"mechanism": "allocate", "scorer": {"name": "test_position"},
+                "actuator": {"name": "test_by_position", "params": {"counts": counts, "max_n": 16, **params}}}
+
+    # Counts [8, 8, 0, 0]: plain TRL with num_generations=8 on the kept prompts, on two processes.
+    draws = [row for i in (0, 2) for row in MIXED[i:i + 2] + FLAT[i:i + 2]]
+    a = T.train(DataflexGRPOTrainer, rows=draws, rows_per_gen=16, processes=2, spg=2, ga=2, loss_type="grpo",
+                trainer_kwargs={"dataflex": allocate([8, 8, 0, 0])})
+    b = T.train(rows=MIXED[:4], rows_per_gen=16, processes=2, spg=2, ga=2, loss_type="grpo", num_generations=8)
+    worst = T.compare(a, b)
+    results.append({"name": "an allocation of 8 to half the candidates", "max_abs_diff": worst, "ok": worst == 0.0})
+    # Counts [3, 4, 0, 2]: 9 rollouts a step over two processes, one filler row, every rollout trained once.
+    a = T.train(DataflexGRPOTrainer, rows=MIXED[:8], rows_per_gen=16, processes=2, loss_type="dapo",
+                trainer_kwargs={"dataflex": allocate([3, 4, 0, 2], exact_budget=False)})
+    m = a["trainer"].dataflex_metrics
+    got = {"generated": [x["compute/generated_rollouts"] for x in m],
+           "trained": [x["dataflex/trained/rows"] for x in m],
+           "fillers": [x["dataflex/compute/filler_rollouts"] for x in m]}
+    results.append({"name": "an odd allocation, filler rows", **got,
+                    "ok": got == {"generated": [9.0, 18.0], "trained": [9.0, 9.0], "fillers": [1.0, 1.0]}})
+
 
 class ByRank(Selector):
     """Keeps the groups of an index with the parity of its process's rank: decides differently per process."""

@@ -163,7 +163,8 @@ def config(out: str, *, rows_per_gen: int, spg: int = 1, ga: int = 1, processes:
     assert per_device * spg * processes == rows_per_gen, (rows_per_gen, spg, processes)
     extra.setdefault("save_strategy", "no")
     return GRPOConfig(output_dir=out, per_device_train_batch_size=per_device, steps_per_generation=spg,
-                      gradient_accumulation_steps=ga, num_generations=G, max_completion_length=width,
+                      gradient_accumulation_steps=ga, num_generations=extra.pop("num_generations", G),
+                      max_completion_length=width,
                       max_steps=steps, use_cpu=True, bf16=False, report_to=[], logging_steps=1,
                       gradient_checkpointing=False, shuffle_dataset=False, max_grad_norm=0.0, disable_tqdm=True,
                       **{"seed": 0, "loss_type": "dapo", "optim": "sgd", "learning_rate": 0.5,
