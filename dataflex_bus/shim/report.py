@@ -325,7 +325,8 @@ def compare_table(summary: Mapping[str, Any]) -> str:
         "* p<0.05, ** p<0.01, *** p<0.001. One seed: no std, interval or p.",
         f"equal rollouts: each seed's pair read where both have generated min(their final rollout counts), "
         f"{reading}.",
-        "rollouts, trained tokens, cost, wall s: seed mean at the last eval point (wall s: summed time/step_s).",
+        f"rollouts, trained tokens, {'cost, ' if 'cost' in columns else ''}wall s: seed mean at the last eval point "
+        "(wall s: summed time/step_s).",
     ]
     notes += [f"no equal-rollouts reading for {label}: {why}" for label, why in equal.get("unavailable", {}).items()]
     cpus = summary.get("cpus") or []
