@@ -110,7 +110,7 @@ class BatchMaker:
         for name, value in per_token.items():
             if name in wanted and value is not None:
                 fields[name] = fit(processes.gather_rows(value.detach().float(), layout), width)
-        if self.runtime.keeps_history:
+        if self.runtime.keeps_history or self.runtime.replays:
             fields["prompt_index"] = self.prompt_index(torch.stack([rounds[a].rows[b] for a, b in kept.refs]))  # type: ignore[index]
         return Batch.from_tensors(uid=kept.groups, domains=kept.labels,
                                   domain_names=self.domains if kept.labels is not None else None, **fields)

@@ -37,22 +37,25 @@ KEY = "GRPOConfig"
 
 ON_ROLLOUT = frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask", "input_ids",
                         "rm_scores", "uid", "data_source"})
-ON_ADVANTAGE = ON_ROLLOUT | {"old_log_probs", "advantages", "entropy"}
+#: ``rollout_log_probs``: the behaviour log-probs, on transformers' generation the old log-probs (the policy
+#: that sampled the rows computes them, nothing moves between), a replayed row's stored ones.
+ON_ADVANTAGE = ON_ROLLOUT | {"old_log_probs", "advantages", "entropy", "rollout_log_probs"}
+#: Why ``rollout_log_probs`` is missing with vLLM generation.
+VLLM_ROLLOUT = ("with use_vllm=True TRL samples with vLLM, whose sampling log-probs this host does not read; "
+                "use transformers' generation (use_vllm=False)")
 _MISSING = {
-    "rollout_log_probs": "TRL returns sampling log-probs only from vLLM (use_vllm=True), and this host does not "
-                         "read them",
     "rollout_is_weights": "TRL applies vLLM's importance-sampling ratio inside its loss; dataflex weights multiply "
                           "the advantages instead",
     "returns": "TRL trains GRPO without returns (the advantages are the only target)",
     "values": "TRL's GRPOTrainer has no critic",
     "token_level_rewards": "TRL's reward is one scalar per completion (rm_scores on its last token)",
 }
-#: What the TRL host does not carry out, and why (said in the refusal).
-LACKS = {
-    "replay": "TRL's generation batch holds exactly the rows generated for it (its RepeatSampler sizes every "
-              "optimizer step), and the host adds no stored rows to it; replay runs on the shim and verl's "
-              "dataflex_sync",
-}
+#: What the TRL host does not carry out, and why (said in the refusal): nothing, on transformers' generation.
+LACKS: dict[str, str] = {}
+#: Why replay is refused with vLLM generation.
+VLLM_REPLAY = ("with use_vllm=True TRL samples with vLLM, whose sampling log-probs the host does not read, so a "
+               "stored row's behaviour log-probs are unknown; use transformers' generation (use_vllm=False), whose "
+               "rows are sampled by the policy that computes the step's old log-probs")
 #: Why allocation is refused with vLLM generation.
 VLLM_RAGGED = ("with use_vllm=True TRL's vLLM generation makes num_generations completions of every "
                "num_generations-th prompt, so per-prompt rollout counts cannot be generated; use transformers' "
@@ -103,6 +106,10 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
     if bool(field_of(args, "use_vllm", False)):
         capabilities.discard("ragged_groups")
         missing["ragged_groups"] = VLLM_RAGGED
+        capabilities.discard("replay")
+        missing["replay"] = VLLM_REPLAY
+        advantage.discard("rollout_log_probs")
+        missing["rollout_log_probs"] = VLLM_ROLLOUT
     if float(field_of(args, "beta", 0.0)) != 0.0:
         advantage.add("ref_log_prob")
     else:
@@ -166,13 +173,13 @@ def _history_readers(cfg: DataflexConfig, key: str) -> list[str]:
 
 
 def _replays_rounds(cfg: DataflexConfig) -> bool:
-    """Whether TRL's method runs again on a step's kept rows (a method may drop rows at on_rollout, or
-    refill runs): what the host does instead of generating them again."""
+    """Whether TRL's method runs again on a step's kept rows (a method may drop rows at on_rollout, refill
+    runs, or stored rows join them): what the host does instead of generating them again."""
     from ..mechanisms import mechanism
 
-    return cfg.refill is not None or any(
+    return cfg.refill is not None or any(m.mechanism == "replay" or (
         m.resolved is not None and m.resolved.event == "on_rollout"
-        and (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop") for m in cfg.methods)
+        and (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop")) for m in cfg.methods)
 
 
 def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, dataset: Any = None,

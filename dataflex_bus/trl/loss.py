@@ -9,13 +9,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .rows import REAL, WEIGHTS
+from .rows import BEHAVIOUR, REAL, WEIGHTS
 
 
 def compute_loss(trl_loss: Callable[[Any, dict[str, Any]], Tensor], accelerator: Any, model: Any,
                  inputs: dict[str, Any]) -> Tensor:
     """TRL's loss (``trl_loss``) on a micro-batch the host wrote to: per-token weights multiplied into the
     advantages, padding rows (``REAL``) left out, per-row gathers across processes of unequal row counts."""
+    if BEHAVIOUR in inputs:  # (carried for inspection only)
+        inputs = {k: v for k, v in inputs.items() if k != BEHAVIOUR}
     real, weights = inputs.get(REAL), inputs.get(WEIGHTS)
     if real is None and weights is None:
         return trl_loss(model, inputs)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..errors import DataflexError
 from ..steps import Candidates, RolloutOutcome, Step, concat_rows
+from . import replays
 from .advantages import trl_advantages
 from .processes import unlog_padding
 from .records import Collected, Kept, Pass, RoundData
@@ -39,7 +40,8 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
     step = trainer.dataflex_kit.begin(trainer._dfx_generations)
     trainer._dfx_generations += 1
     probs = step.domain_probabilities(trainer._dfx_domains or []) if trainer.dataflex.mixes else None
-    gen = trainer._dfx_gen = step.generation(trainer._dfx_target)
+    # A replay method may fill part of the step from its store (DOTS's fresh share): fewer prompts generated.
+    gen = trainer._dfx_gen = step.generation(step.fresh_prompts(trainer._dfx_target))
     trainer._dfx_fillers = 0
     rounds: list[RoundData] = []
     out: dict[str, Any] | None = None
@@ -62,8 +64,14 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
         step.metrics["dataflex/compute/filler_rollouts"] = float(trainer._dfx_fillers)
     trainer._dfx_processes.agree("on_rollout", *(k for k in outcome.keeps if k is not None),
                                  torch.tensor([outcome.skip_update]))
+    if not rounds:
+        raise DataflexError(f"dataflex TRL host: step {step.index} generates no prompt (its replay planned every "
+                            "group of the step); TRL's generation batch needs a generated round: keep "
+                            "fresh_fraction above 0")
     if trainer._dfx_collects:
         kept = Kept.of(rounds, kept_refs(rounds, outcome))
+        if trainer.dataflex.replays and len(kept) and not outcome.skip_update:
+            rounds, kept = with_replayed(trainer, step, rounds, kept)
         out, layout = trainer._dfx_replay(rounds, kept)
     else:
         if any(k is not None for k in outcome.keeps) or outcome.skip_update:
@@ -73,6 +81,18 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
         kept = Kept.of(rounds, [(0, i) for i in range(len(rounds[0]))])
         layout = Layout(len(kept), trainer._dfx_processes.count, 1)
     return after_generation(trainer, step, out, rounds, kept, layout, outcome)
+
+
+def with_replayed(trainer: DataflexGRPOTrainer, step: Step, rounds: list[RoundData],
+                  kept: Kept) -> tuple[list[RoundData], Kept]:
+    """The stored rows the step replays (``Step.replay``) joined to its kept rows as one more round
+    (:mod:`~dataflex_bus.trl.replays`)."""
+    batches = trainer._dfx_batches
+    replayed = step.replay(replays.fresh_batch(rounds, kept, batches))
+    if replayed is None:
+        return rounds, kept
+    stored = replays.stored_round(replayed, rounds[0], batches)
+    return [*rounds, stored], replays.joined(kept, stored, len(rounds), replayed)
 
 
 def round_inputs(trainer: DataflexGRPOTrainer, step: Step, n: int, inputs: list[dict[str, Any]],
@@ -168,6 +188,8 @@ def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept
     """TRL's method on the kept rows alone, laid out over the processes as TRL lays out a batch of that
     many rows, generation and rewards replayed from the rounds."""
     processes, spg = trainer._dfx_processes, trainer._dfx_spg
+    # Replayed rows make groups of any size (their own, or joined to their prompt's fresh group).
+    ragged = trainer._dfx_ragged or kept.replayed is not None
     layout = Layout(len(kept), processes.count, spg)
     lo, hi = layout.span(processes.rank)
     refs = kept.refs[lo:hi]
@@ -192,13 +214,13 @@ def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept
                                  old_entropy=trainer._dfx_old_entropy())
     try:
         # TRL's old/reference passes run in chunks of one micro-batch, as on a batch of only these rows.
-        with micro_batch_rows(trainer.args, layout.per_rank // spg), groups_of_one(trainer, trainer._dfx_ragged):
+        with micro_batch_rows(trainer.args, layout.per_rank // spg), groups_of_one(trainer, ragged):
             out = trainer._dfx_trl_generation(inputs)
     finally:
         trainer._dfx_pass = None
     if p.entropies is not None:
         out["_dfx_entropy"] = p.entropies
-    if trainer._dfx_ragged:
+    if ragged:
         out["advantages"] = ragged_advantages(trainer, rewards.detach().cpu(), kept)[lo:hi].to(rewards.device)
     adv = out["advantages"]  # TRL's slice of the kept rows: this process's real rows
     if adv.size(0) < layout.per_rank:

@@ -98,6 +98,8 @@ class Kept:
     rewards: Tensor
     lengths: Tensor
     loss_tokens: Tensor
+    #: The rows a replay added (bool ``[K]``; ``None``: none).
+    replayed: Tensor | None = None
 
     @classmethod
     def of(cls, rounds: Sequence[RoundData], refs: list[tuple[int, int]]) -> Kept:
@@ -120,7 +122,8 @@ class Kept:
     def select(self, index: Tensor) -> Kept:
         idx = index.tolist()
         return Kept([self.refs[i] for i in idx], self.groups[index], None if self.labels is None else
-                    [self.labels[i] for i in idx], self.rewards[index], self.lengths[index], self.loss_tokens[index])
+                    [self.labels[i] for i in idx], self.rewards[index], self.lengths[index], self.loss_tokens[index],
+                    None if self.replayed is None else self.replayed[index])
 
     def __len__(self) -> int:
         return len(self.refs)

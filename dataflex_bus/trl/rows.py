@@ -24,6 +24,10 @@ from torch import Tensor
 REAL = "dataflex_real"
 #: Per-token loss weights (float ``[B, T]``), multiplied into the advantages by the host's loss.
 WEIGHTS = "dataflex_weights"
+#: Per-token behaviour log-probs (float ``[B, T]``) on a step that replays stored rows: the log-probs the
+#: rows were sampled with (what their off-policy correction is against), carried for inspection, never in the
+#: loss.
+BEHAVIOUR = "dataflex_behaviour_logps"
 #: Per-row fields of TRL 1.16's generation batch and how to pad them: (side, value); ``None`` = pad token.
 ROW_FIELDS: dict[str, tuple[str, float | int | None]] = {
     "prompt_ids": ("left", None),
@@ -38,6 +42,7 @@ ROW_FIELDS: dict[str, tuple[str, float | int | None]] = {
     "tool_mask": ("right", 1),
     REAL: ("right", False),
     WEIGHTS: ("right", 1.0),
+    BEHAVIOUR: ("right", 0.0),
 }
 #: Multimodal fields of TRL's generation batch: the host refuses them (their rows are not plain tensors).
 MULTIMODAL = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "image_sizes",

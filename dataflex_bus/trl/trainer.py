@@ -125,7 +125,9 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         #: Rounds stop after their rewards and TRL's method runs again on the kept rows (passes.py).
         #: Groups of any size (an allocation): TRL's advantages are replaced by the host's over the groups.
         self._dfx_ragged = runtime.allocates
-        self._dfx_collects = runtime.drops_rows_at("on_rollout") or runtime.refill is not None or self._dfx_ragged
+        #: (Stored rows join the kept rows' pass: replays.py.)
+        self._dfx_collects = (runtime.drops_rows_at("on_rollout") or runtime.refill is not None or self._dfx_ragged
+                              or runtime.replays)
         self._dfx_fillers = 0  # filler rollouts of the current generation batch (passes.sharded)
         self._dfx_old_needed = args.gradient_accumulation_steps % span != 0 or bool(
             self.use_vllm and self.vllm_importance_sampling_correction)

@@ -16,8 +16,9 @@ from trl.models.utils import disable_gradient_checkpointing
 from ..carry import AdvantageAction
 from ..errors import DataflexError
 from ..steps import RolloutOutcome, Step
+from . import replays
 from .records import Kept, RoundData
-from .rows import MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, row_fields, trim
+from .rows import BEHAVIOUR, MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, row_fields, trim
 
 if TYPE_CHECKING:
     from .trainer import DataflexGRPOTrainer
@@ -32,13 +33,28 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
     runtime, processes = trainer.dataflex, trainer._dfx_processes
     skip = outcome.skip_update
     wanted = runtime.fields("on_advantage") | runtime.fields("on_step_end")
+    behaviour = runtime.replays or "rollout_log_probs" in wanted
+    if behaviour:  # the behaviour log-probs (stored by a replay) are the old ones; the correction's pi_old
+        wanted = wanted | {"old_log_probs"}
     batch = None
     if runtime.listens("on_advantage") or runtime.listens("on_step_end"):
         old_pass(trainer, out, layout, wanted)
         batch = trainer._dfx_batches.advantage(out, rounds, kept, layout, wanted, processes)
     out.pop("_dfx_entropy", None)
     out.pop("_dfx_old_logps", None)
-    action = step.advantage(batch) if batch is not None and runtime.listens("on_advantage") else AdvantageAction()
+    replayed = step.replayed if kept.replayed is not None else None
+    rows = None
+    if behaviour and batch is not None:
+        fresh = len(kept) - (0 if replayed is None else len(replayed))
+        batch = batch.with_fields(rollout_log_probs=replays.behaviour_log_probs(batch["old_log_probs"], replayed,
+                                                                                fresh))
+        rows = replays.replay_rows(len(kept), fresh) if runtime.replays else None
+    action = step.advantage(batch, replay_rows=rows) if batch is not None and runtime.listens(
+        "on_advantage") else AdvantageAction()
+    if action.store is not None:
+        assert batch is not None
+        marked = torch.nonzero(action.store & batch.valid_rows).flatten().tolist()
+        step.store({}, objects=[replays.stored_object(rounds, kept.refs[i]) for i in marked])
     keep = action.keep
     processes.agree("on_advantage", *(t for t in (keep, *action.fields.values()) if t is not None),
                     torch.tensor([action.skip_update]))
@@ -50,6 +66,12 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
             out["advantages"] = processes.local(action.fields["advantages"], layout, width, 0.0)
         if "rollout_is_weights" in action.fields:
             out[WEIGHTS] = processes.local(action.fields["rollout_is_weights"], layout, width, 1.0)
+        if replayed is not None and batch is not None:
+            # The ratio of every row is taken against the old log-probs the correction used (``behaviour``: a
+            # replayed row's own mu); steps that replay nothing keep TRL's own ratio (bit-identical to TRL).
+            old = action.fields.get("old_log_probs", batch["old_log_probs"])
+            out["old_per_token_logps"] = processes.local(old, layout, width, 0.0)
+            out[BEHAVIOUR] = processes.local(batch["rollout_log_probs"], layout, width, 0.0)
         if masked:
             # A token mask taking tokens out of every loss term (or dropped rows, removed below): TRL's
             # tool_mask is multiplied into the loss mask only, where completion_mask would also cut the
@@ -76,7 +98,7 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
         step.skipped()
     trainer._dfx_skip = skip
     trained = (kept.loss_tokens > 0) & (not skip)
-    step.trained(trained, kept.loss_tokens, kept.rewards, kept.lengths, kept.groups)
+    step.trained(trained, kept.loss_tokens, kept.rewards, kept.lengths, kept.groups, replayed=kept.replayed)
     trainer._dfx_step, trainer._dfx_end_batch = step, end
     return out
 

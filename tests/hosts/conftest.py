@@ -24,12 +24,15 @@ class Host:
     ``description(settings)``: the host's description under its framework ``settings`` (``None``: the suite's
     own). ``configurations``: other settings of the host, each described for the refusal cases (what each lacks
     is read from its description, never listed here). ``rel``: the relative tolerance of its advantage-derived
-    values against the shim's (0: the suite's absolute ones)."""
+    values against the shim's (0: the suite's absolute ones). ``behaviour_is_old``: the host samples with the
+    policy that computes a step's old log-probs, so a row's behaviour log-probs are its host's own old ones
+    (not the world's scripted ones) and a fresh row's off-policy weight is exactly 1."""
 
     name: str
     module: Any
     configurations: list[Any] = field(default_factory=list)
     rel: float = 0.0
+    behaviour_is_old: bool = False
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         return self.module.run(*args, **kwargs)
@@ -58,7 +61,7 @@ def _verl() -> Host:
 def _trl() -> Host:
     import trl_host
 
-    return Host("trl", trl_host, rel=TRL_REL)
+    return Host("trl", trl_host, rel=TRL_REL, behaviour_is_old=True)
 
 
 HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq]), "trl": (_trl, [pytest.mark.trl])}

@@ -23,7 +23,7 @@ SEED = 7
 
 def _recording_trainer() -> Any:
     from dataflex_bus.trl import DataflexGRPOTrainer
-    from dataflex_bus.trl.rows import REAL, WEIGHTS
+    from dataflex_bus.trl.rows import BEHAVIOUR, REAL, WEIGHTS
 
     class Recording(DataflexGRPOTrainer):
         """Records every micro-batch the loss trains and the domain probabilities each step publishes."""
@@ -36,7 +36,8 @@ def _recording_trainer() -> Any:
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             real = inputs.get(REAL)
             keep = {k: v.detach().cpu() for k, v in inputs.items() if k in (
-                "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages", WEIGHTS)}
+                "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages", WEIGHTS,
+                "old_per_token_logps", BEHAVIOUR)}
             keep["real"] = None if real is None else real.detach().cpu()
             self.updates.append((self._dfx_generations - 1, self._dfx_skip, keep))
             return super()._compute_loss(model, inputs)
@@ -109,6 +110,8 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
+    from dataflex_bus.trl.rows import BEHAVIOUR
+
     tok = _tokenizer()
     rows = [{"prompt": f"{domain} {row}", "data_source": domain} for domain, row in world.prompts]
     out = str(tmp_path or tempfile.mkdtemp(prefix="dataflex-trl-host-"))
@@ -116,7 +119,16 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
                                    steps=steps), train_dataset=Dataset.from_list(rows), processing_class=tok,
                                    rollout_func=_rollout(tok), dataflex=block)
     trainer.remove_callback(PrinterCallback)
-    trainer.train()
+    # Rows recorded in the host's order, fresh before replayed (a prompt's k-th row in a step is the same row on
+    # every host): TRL's shuffle of a generation batch that is one micro-batch changes nothing it trains.
+    import trl.trainer.grpo_trainer as grpo
+
+    shuffle = grpo.shuffle_sequence_dict
+    grpo.shuffle_sequence_dict = lambda batch: batch
+    try:
+        trainer.train()
+    finally:
+        grpo.shuffle_sequence_dict = shuffle
     records = [StepRecord(metrics=kit_metrics(m), domain_probs=p)
                for m, p in zip(trainer.dataflex_metrics, trainer.published)]
     for index, skipped, inputs in trainer.updates:
@@ -136,8 +148,10 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
             mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"][i]
             adv = inputs["advantages"][i]
             adv = adv.expand(mask.numel()) if adv.dim() == 0 else adv
+            old, mu = inputs.get("old_per_token_logps"), inputs.get(BEHAVIOUR)
             add_row(record, domain, int(row), session,
-                    row_record(adv, None if weights is None else weights[i], mask))
+                    row_record(adv, None if weights is None else weights[i], mask, None if old is None else old[i],
+                               None if mu is None else mu[i]))
     return records
 
 
