@@ -25,15 +25,25 @@ def test_the_description_is_trl_s_batch():
     assert (host.name, host.adv_estimator, host.group_size, host.loss_agg, host.processes) == (
         "trl", "grpo", 8, "dapo", 1)
     assert {"prompts", "responses", "response_mask", "loss_mask", "rm_scores"} <= host.fields["on_rollout"]
-    assert "rollout_log_probs" not in host.fields["on_rollout"] and "vLLM" in host.why_not("rollout_log_probs")
-    assert {"old_log_probs", "advantages", "entropy"} <= host.fields["on_advantage"]
+    assert "rollout_log_probs" not in host.fields["on_rollout"]
+    assert {"old_log_probs", "advantages", "entropy", "rollout_log_probs"} <= host.fields["on_advantage"]
     assert "ref_log_prob" not in host.fields["on_advantage"] and "beta" in host.why_not("ref_log_prob")
     assert "ref_log_prob" in describe({**ARGS, "beta": 0.04}).fields["on_advantage"]
     assert {"values", "returns", "rollout_is_weights"}.isdisjoint(host.fields["on_advantage"])
-    assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights", "ragged_groups"}
-    assert "RepeatSampler" in host.why_not("replay")
+    assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights", "ragged_groups",
+                                 "replay"}
     vllm = describe({**ARGS, "use_vllm": True})
     assert "ragged_groups" not in vllm.capabilities and "use_vllm=False" in vllm.why_not("ragged_groups")
+    # vLLM samples with another engine, whose log-probs the host does not read: no behaviour log-probs to store.
+    assert "replay" not in vllm.capabilities and "use_vllm=False" in vllm.why_not("replay")
+    assert "rollout_log_probs" not in vllm.fields["on_advantage"] and "vLLM" in vllm.why_not("rollout_log_probs")
+
+
+def test_a_replay_block_is_refused_under_vllm_naming_the_host_and_the_setting():
+    block = load_config(ROOT / "examples" / "dots_replay.yaml")["dataflex"]
+    assert validate(block, host=describe(ARGS)).methods
+    with pytest.raises(ConfigError, match=r"(?s)trl.*use_vllm=False"):
+        validate(block, host=describe({**ARGS, "use_vllm": True}))
 
 
 def test_the_allocation_examples_validate_unchanged():
@@ -119,6 +129,9 @@ def test_image_columns_and_environments_under_replayed_rounds_are_refused_by_the
         validate(DAPO, host=describe(ARGS, dataset=_Rows("prompt", "image")))
     with pytest.raises(ConfigError, match=r"environment_factory.*rollout_func"):
         validate(DAPO, host=describe(ARGS, environments=True))
+    replay = load_config(ROOT / "examples" / "repo_replay.yaml")["dataflex"]
+    with pytest.raises(ConfigError, match=r"environment_factory"):  # stored rows join a pass TRL replays
+        validate(replay, host=describe(ARGS, environments=True))
     # A block that drops nothing at on_rollout runs TRL's generation once: environments are fine.
     validate({"mechanism": "reweight", "scorer": {"name": "token_prob"}, "actuator": {"name": "advantage_reweight"}},
              host=describe(ARGS, environments=True))
