@@ -80,3 +80,21 @@ def test_smollm2_trains_with_the_speed_example_s_allocation(tmp_path):
     assert all(m["dataflex/alloc/rollouts"] == 16 + 16 * m["dataflex/alloc/continued"] for m in metrics)
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert all("dataflex/alloc/rollouts" in h for h in logged)
+
+
+def test_smollm2_trains_with_the_repo_example_s_replay(tmp_path):
+    """examples/repo_replay.yaml's policy with a store small enough for two steps: the second generation
+    batch trains each prompt's best stored rollouts of the first again, clipped against their behaviour
+    log-probs, beside its fresh ones."""
+    from dataflex_bus.config import load_config
+
+    block = load_config(ROOT / "examples" / "repo_replay.yaml")["dataflex"]
+    block["actuator"]["params"].update(per_prompt=8, min_to_replay=8, replays=4)
+    train, _ = arithmetic.problems()
+    # A dataset of two prompts: both come back at the second step, with stored rows.
+    trainer = train_two_steps(tmp_path, train[:2], block)
+    first, second = trainer.dataflex_metrics
+    assert first["dataflex/replay/rows"] == 0 and first["dataflex/replay/stored_rows"] == 16
+    assert second["dataflex/replay/rows"] == 8  # 2 prompts x replays=4
+    assert second["compute/replayed_rows"] == second["dataflex/replay/rows"]
+    assert second["compute/generated_rollouts"] == 32
