@@ -30,7 +30,7 @@ def test_two_processes_decide_the_same_and_train_exactly(tmp_path):
     result = json.loads(out.read_text())
     assert result["world_size"] == 2
     cases = {c["name"]: c for c in result["cases"]}
-    assert len(cases) == 9
+    assert len(cases) == 11
     for name, c in cases.items():
         assert c["ok"], (name, c)
         if "uneven" not in name and "max_abs_diff" in c:
@@ -38,3 +38,17 @@ def test_two_processes_decide_the_same_and_train_exactly(tmp_path):
     assert cases["refill, rounds drawn the same on both (bnpo)"]["trained_rows"] == [16.0, 16.0]
     assert cases["a reweight stack with old log-probs"]["weight_std"] > 0
     assert cases["rows dropped at on_advantage, laid out again"]["trained_rows"] == [8.0, 8.0]
+    # Replay over two processes decides as one process does and trains the same to float rounding.
+    import torch
+    import trl_tiny as T
+    from test_trl_replay import REPO, ROWS
+
+    from dataflex_bus.trl import DataflexGRPOTrainer
+
+    two = cases["replay, stored rows laid out over both processes"]
+    one = T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=3, trainer_kwargs={"dataflex": REPO})
+    m = one["trainer"].dataflex_metrics
+    assert two["replayed"] == [x["dataflex/replay/rows"] for x in m] == [0.0, 8.0, 8.0]
+    assert two["trained"] == [x["dataflex/trained/rows"] for x in m]
+    params = torch.load(two["params"])
+    assert max(float((params[n] - p).abs().max()) for n, p in one["params"].items()) < 1e-5

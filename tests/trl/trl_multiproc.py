@@ -110,6 +110,25 @@ if not os.environ.get("CASE") or "allocation" in os.environ["CASE"]:
     results.append({"name": "an odd allocation, filler rows", **got,
                     "ok": got == {"generated": [9.0, 18.0], "trained": [9.0, 9.0], "fillers": [1.0, 1.0]}})
 
+if not os.environ.get("CASE") or "replay" in os.environ["CASE"]:
+    from test_trl_replay import NEVER, REPO, ROWS
+
+    # A store that never replays: plain TRL on two processes, bit for bit.
+    a = T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, processes=2, steps=3,
+                trainer_kwargs={"dataflex": NEVER})
+    worst = T.compare(a, T.train(rows=ROWS, rows_per_gen=16, processes=2, steps=3))
+    results.append({"name": "a replay store that never replays", "max_abs_diff": worst, "ok": worst == 0.0})
+    # RePO: the stored rows (every process's, gathered) replayed over both processes; the parameters go to the
+    # test, which compares them with one process's.
+    a = T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, processes=2, steps=3,
+                trainer_kwargs={"dataflex": REPO})
+    m = a["trainer"].dataflex_metrics
+    if PartialState().is_main_process:
+        torch.save(a["params"], sys.argv[1] + ".repo.pt")
+    results.append({"name": "replay, stored rows laid out over both processes", "ok": True,
+                    "replayed": [x["dataflex/replay/rows"] for x in m], "trained": [x["dataflex/trained/rows"] for x in m],
+                    "params": sys.argv[1] + ".repo.pt"})
+
 
 class ByRank(Selector):
     """Keeps the groups of an index with the parity of its process's rank: decides differently per process."""
