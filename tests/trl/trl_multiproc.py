@@ -126,7 +126,8 @@ if not os.environ.get("CASE") or "replay" in os.environ["CASE"]:
     if PartialState().is_main_process:
         torch.save(a["params"], sys.argv[1] + ".repo.pt")
     results.append({"name": "replay, stored rows laid out over both processes", "ok": True,
-                    "replayed": [x["dataflex/replay/rows"] for x in m], "trained": [x["dataflex/trained/rows"] for x in m],
+                    "replayed": [x["dataflex/replay/rows"] for x in m],
+                    "trained": [x["dataflex/trained/rows"] for x in m],
                     "params": sys.argv[1] + ".repo.pt"})
 
 
