@@ -64,10 +64,10 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
         step.metrics["dataflex/compute/filler_rollouts"] = float(trainer._dfx_fillers)
     trainer._dfx_processes.agree("on_rollout", *(k for k in outcome.keeps if k is not None),
                                  torch.tensor([outcome.skip_update]))
-    if not rounds:
-        raise DataflexError(f"dataflex TRL host: step {step.index} generates no prompt (its replay planned every "
-                            "group of the step); TRL's generation batch needs a generated round: keep "
-                            "fresh_fraction above 0")
+    if not rounds:  # (only a replayer planning the whole step from its store gets here)
+        raise DataflexError(f"dataflex TRL host: step {step.index} generates no prompt: the replayer's replay_groups "
+                            "planned every group of the step from its store, and TRL's generation batch needs at "
+                            "least one generated round; plan at most target - 1 groups (as rollout_replay does)")
     if trainer._dfx_collects:
         kept = Kept.of(rounds, kept_refs(rounds, outcome))
         if trainer.dataflex.replays and len(kept) and not outcome.skip_update:

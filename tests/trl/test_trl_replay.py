@@ -114,3 +114,18 @@ def test_k_steps_then_resume_then_k_steps_is_2k_steps_with_the_buffer(tmp_path, 
     again = [{k: v for k, v in h.items() if "time" not in k and "per_second" not in k} for h in resumed["logs"]]
     assert again == strip
     assert all(torch.equal(whole["params"][n], p) for n, p in resumed["params"].items())
+
+
+def test_a_replayer_planning_the_whole_step_from_its_store_is_refused_naming_replay_groups(register):
+    from dataflex_plugins.methods.replay import RolloutReplay
+
+    from dataflex_bus.errors import DataflexError
+
+    class Everything(RolloutReplay):
+        def replay_groups(self, target: int, available: int, step: int) -> int:
+            return min(target, available)
+
+    register("replayer", "test_everything", Everything)
+    block = {**DOTS, "actuator": {**DOTS["actuator"], "name": "test_everything"}}
+    with pytest.raises(DataflexError, match=r"step 1 generates no prompt.*replay_groups"):
+        T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=3, trainer_kwargs={"dataflex": block})
