@@ -52,10 +52,8 @@ _MISSING = {
 }
 #: What the TRL host does not carry out, and why (said in the refusal): nothing, on transformers' generation.
 LACKS: dict[str, str] = {}
-#: Why replay is refused with vLLM generation.
-VLLM_REPLAY = ("with use_vllm=True TRL samples with vLLM, whose sampling log-probs the host does not read, so a "
-               "stored row's behaviour log-probs are unknown; use transformers' generation (use_vllm=False), whose "
-               "rows are sampled by the policy that computes the step's old log-probs")
+#: Why replay is refused with vLLM generation (the same gap as ``rollout_log_probs``'s, ``VLLM_ROLLOUT``).
+VLLM_REPLAY = "a stored row's behaviour log-probs are unknown: " + VLLM_ROLLOUT
 #: Why allocation is refused with vLLM generation.
 VLLM_RAGGED = ("with use_vllm=True TRL's vLLM generation makes num_generations completions of every "
                "num_generations-th prompt, so per-prompt rollout counts cannot be generated; use transformers' "
