@@ -23,7 +23,7 @@ WHY = {
     "refill": "refills a step with more prompts",
     "reads_history": "reads the per-prompt history, kept by prompt id",
     "replays": "stores rollouts by prompt id and replays them at later steps",
-    "allocates": "allocates rollouts per prompt (rounds of their own)",
+    "allocates": "allocates rollouts per prompt",
     "drops_at_rollout": "may drop rows at on_rollout",
 }
 
