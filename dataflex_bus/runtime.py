@@ -24,6 +24,7 @@ from .errors import ConfigError, ConfigIssue
 from .hookspecs import EVENTS
 from .host import ANY_HOST, HostDescription
 from .pipeline import Pipeline, build_pipeline
+from .plan import Plan
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -63,6 +64,8 @@ class Runtime:
         self.bus = EventBus(self.plugins, check_writes=check_writes)
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.name)
+        #: What the block asks of the host's modes (draws prompts by row, runs generation again, ...), decided once.
+        self.plan = Plan.of(self.pipeline.config if self.pipeline is not None else None)
         self._fields = {event: self._wanted_fields(event) for event in EVENTS}
         for warning in self.pipeline.config.warnings if self.pipeline is not None else ():
             log.warning("dataflex: %s", warning_text(warning))
@@ -163,7 +166,7 @@ class Runtime:
     @property
     def needs_prompt_ids(self) -> bool:
         """True when the host must give stable prompt ids (:meth:`set_prompts`, ``prompt_index``)."""
-        return self.selects_prompts or self.keeps_history or self.replays
+        return self.plan.needs_prompt_ids
 
     @property
     def max_oversample(self) -> float:

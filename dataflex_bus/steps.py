@@ -29,6 +29,7 @@ metric names are one namespace for every host (:mod:`dataflex_bus.step_metrics`)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 T = TypeVar("T")
+log = logging.getLogger("dataflex_bus")
 
 
 class Candidates(NamedTuple, Generic[T]):
@@ -407,6 +409,14 @@ class Step:
             drawn.append(got.items)
         chosen = fill.chosen()
         counts += fill.counts
+        if fill.counts.forced and not self.kit.warned_forced:
+            # By design (a host generates a full batch), but it changes what the method trains: said once.
+            self.kit.warned_forced = True
+            log.warning("dataflex: step %d: %d of %d prompts generated are skipped candidates (the prompt selection "
+                        "kept %d of %d considered, at most dataflex.max_oversample x %d): once the prompts it keeps "
+                        "run out, those it skipped (evicted, filtered) fill the batch; counted in "
+                        "dataflex/prompts_forced from here on (said once)", self.index, fill.counts.forced, target,
+                        fill.kept, fill.counts.considered, target)
         self.kit.counters.add(considered_prompts=fill.counts.considered)
         return Chosen(drawn, chosen, drawn=total)
 
@@ -648,6 +658,8 @@ class StepKit:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.counters = Counters()
+        #: A prompt selection's round was filled with skipped candidates and the run was told (once).
+        self.warned_forced = False
 
     def begin(self, index: int) -> Step:
         """Start step ``index`` (0-based)."""

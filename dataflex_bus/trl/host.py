@@ -8,18 +8,22 @@ that does not span whole optimizer steps (an empty one could not skip its update
 would apply in the middle of an optimizer step). Each is refused naming the ``GRPOConfig`` field and what to
 set instead. Given the training dataset and whether environments are used (as the trainer gives them), it
 also refuses what the host cannot carry out on them: a block that draws its own prompts over a dataset that
-cannot be indexed, image columns, and environments under a block whose rounds TRL must replay.
+cannot be indexed, a selection round larger than the dataset, image columns, and environments under a block
+whose rounds TRL must run again. What a block asks of the host's modes is the run's
+:class:`~dataflex_bus.plan.Plan`, the one the trainer runs by.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigIssue
 from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
+from ..plan import Plan
 
 if TYPE_CHECKING:
     from ..block import DataflexConfig
@@ -76,8 +80,24 @@ def generation_span(args: Any) -> tuple[int, int]:
     return spg * int(field_of(args, "num_iterations", 1)), accumulation
 
 
-#: What drawing its own prompts takes: indexing the training dataset by row.
-INDEXED = ("prompt_selection", "refill", "domain_sampling")
+def round_unit(generations: int, processes: int) -> int:
+    """Prompts a round is rounded up to, so that every process gets whole rows (TRL gathers every process's
+    rewards: each generates as many rows)."""
+    return processes // math.gcd(generations, processes)
+
+
+def generation_prompts(args: Any, processes: int = 1) -> int:
+    """Prompts (groups) of one TRL generation batch: ``generation_batch_size / num_generations``
+    (``GRPOConfig`` derives the batch from ``per_device_train_batch_size x processes x steps_per_generation``
+    when it is unset)."""
+    size = field_of(args, "generation_batch_size")
+    if size is None:
+        accumulation = field_of(args, "gradient_accumulation_steps", 1)
+        size = int(field_of(args, "per_device_train_batch_size", 8)) * processes * int(
+            field_of(args, "steps_per_generation", accumulation))
+    return int(size) // int(field_of(args, "num_generations", 8))
+
+
 #: Dataset columns of images (TRL's vision-language path), which the host does not carry.
 IMAGE_COLUMNS = frozenset({"image", "images"})
 
@@ -97,10 +117,6 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
     advantage = set(ON_ADVANTAGE)
     missing = {**_MISSING, **LACKS}
     capabilities = set(CAPABILITIES_TRL)
-    if iterable(dataset):
-        capabilities -= set(INDEXED)
-        missing.update(dict.fromkeys(INDEXED, "train_dataset is an IterableDataset, whose rows cannot be drawn by "
-                                              "index: give a datasets.Dataset"))
     if bool(field_of(args, "use_vllm", False)):
         capabilities.discard("ragged_groups")
         missing["ragged_groups"] = VLLM_RAGGED
@@ -121,7 +137,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
                            group_size=int(generations) if generations is not None else None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
-                                                               environments=environments),
+                                                               environments=environments, processes=processes),
                            group_size_name=f"{KEY}.num_generations")
 
 
@@ -157,47 +173,27 @@ def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:
     return issues
 
 
-def _history_readers(cfg: DataflexConfig, key: str) -> list[str]:
-    """``key.methods[i].scorer.name``-style keys of the block's components that read the per-prompt history."""
-    from ..validation import method_keys
-
-    found = []
-    for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
-        if method.resolved is not None:
-            for slot in ("scorer", "actuator"):
-                if getattr(method.resolved, slot).load().uses_history:
-                    found.append(f"{mkey}.{slot}.name")
-    return found
-
-
-def _replays_rounds(cfg: DataflexConfig) -> bool:
-    """Whether TRL's method runs again on a step's kept rows (a method may drop rows at on_rollout, refill
-    runs, or stored rows join them): what the host does instead of generating them again."""
-    from ..mechanisms import mechanism
-
-    return cfg.refill is not None or any(m.mechanism == "replay" or (
-        m.resolved is not None and m.resolved.event == "on_rollout"
-        and (mechanism(m.mechanism).drops_rows or m.on_nonfinite == "drop")) for m in cfg.methods)
-
-
 def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, dataset: Any = None,
-                 environments: bool = False) -> list[ConfigIssue]:
+                 environments: bool = False, processes: int = 1) -> list[ConfigIssue]:
     """TRL settings, and the training dataset and environments when known, under which the block's methods
     would not do what they say."""
     issues: list[ConfigIssue] = []
+    plan = Plan.of(cfg, key)  # the trainer's own: what is refused here is what it would run
     if iterable(dataset):
-        # (prompt selection, mix and refill are refused by the capabilities INDEXED.)
-        issues.extend(ConfigIssue(reader, "reads the per-prompt history, which needs stable prompt ids: "
-                                  "train_dataset is an IterableDataset, whose rows cannot be drawn by index",
-                                  ["a datasets.Dataset"]) for reader in _history_readers(cfg, key))
+        issues.extend(ConfigIssue(at, f"{why}: train_dataset is an IterableDataset, whose rows cannot be drawn by "
+                                  "index", ["a datasets.Dataset"]) for at, why in plan.draws_by_row().items())
+    elif dataset is not None and hasattr(dataset, "__len__"):
+        issues.extend(_round_issues(args, cfg, plan, len(dataset), key, processes))
     images = sorted(set(getattr(dataset, "column_names", None) or []) & IMAGE_COLUMNS)
     if images:
         issues.append(ConfigIssue("train_dataset", f"multimodal rows (column {images[0]!r}) are not supported by "
                                   "the dataflex TRL host", ["text prompts"]))
-    if environments and _replays_rounds(cfg):
-        issues.append(ConfigIssue("environment_factory", "a dataflex block that drops rows at on_rollout or "
-                                  "refills replays TRL's generation on the kept rows, and environments keep "
-                                  "per-rollout state that cannot be replayed", ["rollout_func"]))
+    again = plan.runs_again()
+    if environments and again:
+        asked = "; ".join(f"{at} {why}" for at, why in again.items())
+        issues.append(ConfigIssue("environment_factory", f"the block runs TRL's generation again on a step's kept "
+                                  f"rows ({asked}), and environments keep per-rollout state that cannot be "
+                                  "replayed (TRL would reset() every environment again)", ["rollout_func"]))
     loss_type = str(field_of(args, "loss_type", "dapo"))
     if loss_type not in SUPPORTED_LOSS_TYPES:
         known = "" if loss_type in OTHER_LOSS_TYPES else " (not a TRL 1.16 loss type)"
@@ -217,3 +213,27 @@ def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, datas
         log.warning("dataflex: the TRL host is tested with transformers' generation; with use_vllm=True every "
                     "generation round is one vLLM call, untested")
     return issues
+
+
+def _round_issues(args: Any, cfg: DataflexConfig, plan: Plan, rows: int, key: str,
+                  processes: int) -> list[ConfigIssue]:
+    """A round drawn through a selection before generation chooses each prompt at most once
+    (:class:`~dataflex_bus.fill.PromptFill`), so a round of more prompts than the dataset's rows cannot be
+    filled. The largest round: ``dataflex.refill.gen_batch_size``, else the generation batch's prompts."""
+    if not plan.fills_prompts:
+        return []
+    generations = int(field_of(args, "num_generations", 8))
+    unit = round_unit(generations, processes)
+    target = generation_prompts(args, processes)
+    gen = cfg.refill.gen_batch_size if cfg.refill is not None else None
+    wanted = -(-(gen or target) // unit) * unit
+    if wanted <= rows:
+        return []
+    tail = (f"a round drawn through the selection before generation ({', '.join(plan.before_generation)}) takes "
+            f"{wanted} distinct prompts, and train_dataset holds {rows} rows")
+    if gen:
+        return [ConfigIssue(f"{key}.refill.gen_batch_size", f"{gen}: {tail}",
+                            hint=f"at most {rows // unit * unit}, or a larger train_dataset")]
+    return [ConfigIssue(f"{KEY}.generation_batch_size", f"{target * generations} completions, {target} prompts of "
+                        f"num_generations={generations}: {tail}",
+                        hint="a smaller generation batch, or a larger train_dataset")]

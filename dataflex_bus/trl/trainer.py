@@ -27,7 +27,6 @@ the TRL host's description (:func:`~dataflex_bus.trl.host.describe`), at constru
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections import deque
 from collections.abc import Mapping
@@ -47,7 +46,7 @@ from . import loss, passes, state
 from .arguments import check_processing_class
 from .batches import BatchMaker
 from .block import load_block
-from .host import describe, generation_span
+from .host import describe, generation_span, round_unit
 from .processes import Processes
 from .prompts import PromptStream, prompt_table
 from .records import Kept, Pass, RoundData
@@ -121,13 +120,12 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         #: a whole number of optimizer steps).
         self._dfx_span, self._dfx_micro = max(span // accumulation, 1), span
         self._dfx_target = args.generation_batch_size // G
-        self._dfx_unit = P // math.gcd(G, P)  # prompts a round is rounded to, so every process gets whole rows
+        self._dfx_unit = round_unit(G, P)  # prompts a round is rounded to, so every process gets whole rows
         #: Rounds stop after their rewards and TRL's method runs again on the kept rows (passes.py).
         #: Groups of any size (an allocation): TRL's advantages are replaced by the host's over the groups.
         self._dfx_ragged = runtime.allocates
-        #: (Stored rows join the kept rows' pass: replays.py.)
-        self._dfx_collects = (runtime.drops_rows_at("on_rollout") or runtime.refill is not None or self._dfx_ragged
-                              or runtime.replays)
+        #: (Stored rows join the kept rows' pass: replays.py.) The plan the host's refusals read (environments).
+        self._dfx_collects = runtime.plan.regenerates
         self._dfx_fillers = 0  # filler rollouts of the current generation batch (passes.sharded)
         self._dfx_old_needed = args.gradient_accumulation_steps % span != 0 or bool(
             self.use_vllm and self.vllm_importance_sampling_correction)
@@ -152,7 +150,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_batches = BatchMaker(runtime, G, self._tokenizer.pad_token_id,
                                        None if stops is None else frozenset(stops), self.reward_weights,
                                        row_domain, self._dfx_domains)
-        if runtime.selects_prompts or runtime.mixes or runtime.refill is not None or runtime.needs_prompt_ids:
+        if runtime.plan.draws_prompts:  # (what the host refuses over an IterableDataset)
             self._dfx_stream = PromptStream(len(dataset), shuffle=bool(self.shuffle_dataset), seed=int(args.seed),
                                             sampler=sampler)
         self.add_callback(_StepEnd(self))

@@ -259,3 +259,109 @@ def test_a_bare_name_for_dataflex_says_what_is_expected_and_where_the_examples_a
     with pytest.raises(ConfigError, match="got int 3; expected a block"):
         load_block(3)  # type: ignore[arg-type]
     assert load_block("examples/trl/dynamic_sampling.yaml")["actuator"] == {"name": "dapo"}
+
+
+# ---------------------------------------------------------------------------- the run's plan, read by refusals too
+EXAMPLES = ("knapsack", "speed", "pilot_commit", "reinforce_ada", "repo_replay", "dots_replay", "dapo_filter",
+            "greso", "mopps", "dump_ucb", "advantage_reweight", "entropy_8020", "stack_dapo_dump_ar")
+
+
+def _example(name: str) -> dict:
+    return load_config(ROOT / "examples" / f"{name}.yaml")["dataflex"]
+
+
+def _refused(block: dict, **context) -> bool:
+    try:
+        validate(block, host=describe(ARGS, **context))
+    except ConfigError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("name", ["repo_replay", "dots_replay"])
+def test_a_replay_block_over_an_iterable_dataset_is_refused_by_the_description(name):
+    """Before: accepted, then ``TypeError: object of type 'IterableDataset' has no len()`` once TRL built the model
+    (the replay buffer keys rows by prompt id, which an IterableDataset cannot give)."""
+    with pytest.raises(ConfigError) as err:
+        validate(_example(name), host=describe(ARGS, dataset=_Stream()))
+    message = str(err.value)
+    assert "dataflex.mechanism" in message and "replay" in message
+    assert "train_dataset is an IterableDataset" in message and "datasets.Dataset" in message
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_what_the_trainer_draws_by_row_and_runs_again_is_what_the_description_refuses(name):
+    """The refusals over an IterableDataset and under environment_factory read the plan the trainer runs by:
+    a block is refused there exactly when the trainer would index the dataset / run TRL's generation again."""
+    from dataflex_bus.runtime import Runtime
+
+    plan = Runtime(_example(name), host=describe(ARGS)).plan
+    assert _refused(_example(name), dataset=_Stream()) == plan.draws_prompts, name
+    assert _refused(_example(name), environments=True) == plan.regenerates, name
+
+
+def test_an_allocation_before_generation_under_environments_is_refused_like_the_other_allocations():
+    """Before: Knapsack (allocating at on_prompts) was accepted under environment_factory while SPEED,
+    Pilot-Commit and Reinforce-Ada were refused; TRL's generation runs again on the kept rows for every one."""
+    for name in ("knapsack", "speed", "pilot_commit", "reinforce_ada"):
+        with pytest.raises(ConfigError) as err:
+            validate(_example(name), host=describe(ARGS, environments=True))
+        assert "environment_factory" in str(err.value) and "rollout_func" in str(err.value), name
+    with pytest.raises(ConfigError, match=r"environment_factory.*dataflex\.mechanism.*allocates"):
+        validate(_example("knapsack"), host=describe(ARGS, environments=True))
+
+
+class _Sized(_Rows):
+    """A dataset-like object of ``n`` rows."""
+
+    def __init__(self, n: int, *columns: str) -> None:
+        super().__init__(*columns)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_selection_round_larger_than_the_dataset_is_refused_naming_gen_batch_size_and_the_size():
+    """Before: Pilot-Commit's 192-prompt pilot round on a 100-row dataset failed at step 0 with the kit's internal
+    "draw what request() asks for"."""
+    args = {**ARGS, "generation_batch_size": 64}
+    block = _example("pilot_commit")
+    with pytest.raises(ConfigError) as err:
+        validate(block, host=describe(args, dataset=_Sized(100, "prompt")))
+    message = str(err.value)
+    assert "dataflex.refill.gen_batch_size" in message and "192" in message and "100 rows" in message
+    validate(block, host=describe(args, dataset=_Sized(192, "prompt")))
+    # Without refill, a selection's round is the generation batch's prompts (64 / 8 = 8).
+    greso = GRESO  # (its example refills in rounds of 96)
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.generation_batch_size.*8 distinct prompts.*7 rows"):
+        validate(greso, host=describe(args, dataset=_Sized(7, "prompt")))
+    validate(greso, host=describe(args, dataset=_Sized(8, "prompt")))
+    # TRL's own prompts (no selection before generation) may repeat: nothing to refuse.
+    validate(_example("speed"), host=describe(args, dataset=_Sized(3, "prompt")))
+
+
+@pytest.mark.parametrize("text", ["dataflex:\nmechanism: select\nscorer: {name: reward_difficulty}\n"
+                                  "actuator: {name: dapo}\n", "dataflex:\n", "dataflex: {}\n",
+                                  "# a comment\ndataflex:\n  # nothing indented under it\n"],
+                         ids=["mis-indented", "bare", "empty-mapping", "comments-only"])
+def test_a_yaml_file_whose_dataflex_block_is_empty_is_refused_naming_the_file(tmp_path, text):
+    """Before: load_block returned None (or {}) and the trainer trained plain TRL without a word."""
+    from dataflex_bus.trl.block import load_block
+
+    path = tmp_path / "method.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_block(path)
+    message = str(err.value)
+    assert str(path) in message and "'dataflex:' block is empty" in message and "dataflex=None" in message
+    if text.startswith("dataflex:\nmechanism"):
+        assert "'mechanism', 'scorer', 'actuator'" in message and "indent" in message
+
+
+def test_an_empty_mapping_for_dataflex_is_refused_and_none_is_plain_trl():
+    from dataflex_bus.trl.block import load_block
+
+    assert load_block(None) is None
+    with pytest.raises(ConfigError, match=r"dataflex: an empty block.*dataflex=None"):
+        load_block({})

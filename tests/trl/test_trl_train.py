@@ -258,3 +258,83 @@ def test_a_damaged_dataflex_state_file_is_refused_naming_the_file_and_entry(tmp_
     with pytest.raises((CheckpointError, ConfigError), match=message) as err:
         T.train(DataflexGRPOTrainer, out=str(tmp_path / "resumed"), resume=str(path.parent), **kw)
     assert str(path) in str(err.value)
+
+
+def _construct(dataflex: Any, rows: list[dict[str, Any]] | None = None, *, iterable: bool = False,
+               **kwargs: Any) -> DataflexGRPOTrainer:
+    """A trainer built (not trained) on ``rows`` (default: the 100 scripted prompts)."""
+    from datasets import Dataset
+
+    tok = T.tokenizer()
+    data = Dataset.from_list(rows if rows is not None else [*MIXED, *FLAT])
+    return DataflexGRPOTrainer(model=T.model(tok), reward_funcs=[T.correct], processing_class=tok,
+                               train_dataset=data.to_iterable_dataset() if iterable else data,
+                               args=T.config("/tmp/dataflex-refused", rows_per_gen=16, steps=1), dataflex=dataflex,
+                               **kwargs)
+
+
+@pytest.mark.parametrize("name", ["repo_replay", "dots_replay"])
+def test_a_replay_example_over_an_iterable_dataset_is_refused_at_construction_naming_train_dataset(name, monkeypatch):
+    """Before: ``TypeError: object of type 'IterableDataset' has no len()`` after TRL had built the model."""
+    import trl
+
+    def built(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("GRPOTrainer.__init__ ran before the refusal")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", built)  # the refusal comes before any model work
+    with pytest.raises(ConfigError) as err:
+        _construct(str(ROOT / "examples" / f"{name}.yaml"), iterable=True)
+    text = str(err.value)
+    assert "dataflex.mechanism" in text and "train_dataset is an IterableDataset" in text
+    assert "datasets.Dataset" in text
+
+
+class _Env:
+    """An environment TRL would build per rollout (``environment_factory``)."""
+
+    def reset(self, **kwargs: Any) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("name", ["knapsack", "speed", "pilot_commit", "reinforce_ada"])
+def test_every_allocation_example_under_environment_factory_is_refused_at_construction(name):
+    """Before: Knapsack (allocating before generation) was accepted, and TRL ran its generation again with
+    ``reset()`` on every environment; SPEED, Pilot-Commit and Reinforce-Ada were refused."""
+    with pytest.raises(ConfigError) as err:
+        _construct(str(ROOT / "examples" / f"{name}.yaml"), rows=[{"prompt": f"{a}+{b}=", "answer": str(a + b)}
+                                                                  for a in range(20) for b in range(10)],
+                   environment_factory=_Env)
+    text = str(err.value)
+    assert "environment_factory" in text and "allocates rollouts per prompt" in text and "rollout_func" in text
+
+
+def test_pilot_commit_on_a_dataset_smaller_than_its_pilot_round_is_refused_at_construction():
+    """Before: step 0 failed with the kit's internal "draw what request() asks for"."""
+    with pytest.raises(ConfigError) as err:
+        _construct(str(ROOT / "examples" / "pilot_commit.yaml"))  # 100 rows, pilot rounds of 192
+    text = str(err.value)
+    assert "dataflex.refill.gen_batch_size: 192" in text and "train_dataset holds 100 rows" in text
+
+
+def test_evicted_prompts_generated_to_fill_a_round_are_warned_once(dataflex_log):
+    """Once every prompt is evicted (solved), a round is filled with skipped candidates: before, silently."""
+    evict = {"mechanism": "select", "scorer": {"name": "max_solve_rate"},
+             "actuator": {"name": "exclude_solved", "params": {"exclude_threshold": 1.0}}}
+    solved = [r for r in FLAT if int(r["answer"]) % 2 == 0][:4]  # every scripted completion is right
+    run = T.train(DataflexGRPOTrainer, rows=solved, rows_per_gen=16, steps=3, trainer_kwargs={"dataflex": evict})
+    forced = [m["dataflex/prompts_forced"] for m in run["trainer"].dataflex_metrics]
+    assert forced[0] == 0 and forced[1] == forced[2] == 4
+    lines = [r.getMessage() for r in dataflex_log.records if "skipped candidates" in r.getMessage()]
+    assert len(lines) == 1 and "dataflex/prompts_forced" in lines[0] and "4 of 4" in lines[0], lines
+
+
+@pytest.mark.parametrize("text", ["dataflex:\nmechanism: select\nscorer: {name: reward_difficulty}\n"
+                                  "actuator: {name: dapo}\n", "dataflex:\n", "dataflex: {}\n"],
+                         ids=["mis-indented", "bare", "empty-mapping"])
+def test_a_yaml_file_with_an_empty_dataflex_block_is_refused_at_construction(tmp_path, text):
+    """Before: the trainer trained plain TRL without a word (dataflex=None is how plain TRL is asked for)."""
+    path = tmp_path / "method.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"'dataflex:' block is empty.*dataflex=None") as err:
+        _construct(str(path))
+    assert str(path) in str(err.value)
