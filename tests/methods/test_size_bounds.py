@@ -83,3 +83,42 @@ def test_dataflex_validate_refuses_knapsacks_floors_from_a_shim_config(tmp_path,
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "dataflex.actuator.params.budget" in err and "below the floors' 32" in err
+
+
+# ---------------------------------------------------------------------------- knapsack's DP (solver: dp)
+GIB = 1024 ** 3
+
+
+def test_knapsacks_dp_table_beyond_memory_is_refused_at_validation_naming_solver_and_bytes():
+    """budget 40,000 x max_n 40,000: each prompt's DP row is a [40,001 x 39,999] float64 maximum (12.8 GB, twice
+    over while it is built), which validation bounded only as 40,000 rollouts of 1 KiB: it trained until
+    effective prompts appeared, then died allocating."""
+    host = SHIM_HOST.replace(memory_limit=16 * GIB)
+    message = refusal(knapsack(budget=40_000, max_n=40_000, solver="dp"), host)
+    assert "dataflex.actuator.params.solver:" in message
+    assert "budget=40,000" in message and "max_n=40,000" in message and "bytes) of memory" in message
+    assert "solver: greedy" in message
+    validate(knapsack(budget=40_000, max_n=40_000), host=host)  # greedy: an [E, max_n - min_n] sort
+
+
+def test_a_modest_knapsack_dp_is_accepted_without_a_warning():
+    cfg = validate(knapsack(budget=64, max_n=16, solver="dp"), host=SHIM_HOST.replace(memory_limit=GIB))
+    assert not cfg.warnings
+
+
+def test_a_slow_knapsack_dp_is_warned_about_with_its_seconds_per_allocation():
+    """256 prompts x budget 16,384 (max_n 128): 5 x 10^8 DP cells, seconds per allocation (the greedy: 0.01 s)."""
+    host = SHIM_HOST.replace(group_size=8, prompts_per_step=256)
+    cfg = validate(knapsack(budget=16_384, solver="dp"), host=host)
+    (warning,) = cfg.warnings
+    assert warning.key == "dataflex.actuator.params.solver"
+    assert "s per allocation" in warning.message and "solver: greedy" in warning.message
+    assert not validate(knapsack(budget=16_384), host=host).warnings
+
+
+def test_a_knapsack_dp_that_cannot_run_in_reasonable_time_is_refused():
+    """1,024 prompts x budget 262,144 x max_n 512: 1.4 x 10^11 cells, about an hour per allocation, though its
+    tables (3 GiB) fit."""
+    host = SHIM_HOST.replace(group_size=8, prompts_per_step=1024, memory_limit=64 * GIB)
+    message = refusal(knapsack(budget=262_144, max_n=512, solver="dp"), host)
+    assert "dataflex.actuator.params.solver:" in message and "per allocation" in message
