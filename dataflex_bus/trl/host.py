@@ -89,11 +89,15 @@ def iterable(dataset: Any) -> bool:
     return data is not None and isinstance(dataset, data.IterableDataset)
 
 
-def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
-             environments: bool = False) -> HostDescription:
+def describe(args: Any, *, processes: int | None = None, dataset: Any = None, environments: bool = False,
+             model: Mapping[str, int] | None = None, prompt_tokens: int = 0) -> HostDescription:
     """The host description of a TRL run configured by ``args`` (a ``GRPOConfig`` or a mapping of its fields) on
     ``processes`` processes (default: ``args.world_size`` when it has one, else 1), training on ``dataset``
-    (``None``: not known) with ``environments`` (``GRPOTrainer``'s ``environment_factory`` given)."""
+    (``None``: not known) with ``environments`` (``GRPOTrainer``'s ``environment_factory`` given), a model of
+    ``model``'s shape (:func:`~dataflex_bus.trl.sizes.model_shape`; ``None``: not known) and prompts of up to
+    ``prompt_tokens`` tokens: its rows' bytes (:func:`~dataflex_bus.trl.sizes.row_bytes`)."""
+    from .sizes import row_bytes
+
     advantage = set(ON_ADVANTAGE)
     missing = {**_MISSING, **LACKS}
     capabilities = set(CAPABILITIES_TRL)
@@ -122,7 +126,8 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
                                                                environments=environments),
-                           group_size_name=f"{KEY}.num_generations")
+                           group_size_name=f"{KEY}.num_generations",
+                           **dict(zip(("row_bytes", "row_bytes_basis"), row_bytes(args, model, prompt_tokens))))
 
 
 def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:
