@@ -119,6 +119,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
     if processes is None:
         processes = int(field_of(args, "world_size", 1)) if not isinstance(args, Mapping) else 1
     generations = field_of(args, "num_generations")
+    row, basis = row_bytes(args, model, prompt_tokens)
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
               "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator="grpo",
@@ -126,8 +127,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
                                                                environments=environments),
-                           group_size_name=f"{KEY}.num_generations",
-                           **dict(zip(("row_bytes", "row_bytes_basis"), row_bytes(args, model, prompt_tokens))))
+                           group_size_name=f"{KEY}.num_generations", row_bytes=row, row_bytes_basis=basis)
 
 
 def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:
