@@ -391,7 +391,7 @@ class Replayer(Actuator):
         s = self.settings()
         issues = super().check_host(host)
         refusal = beyond_memory(preallocated_bytes(s.capacity), f"capacity={s.capacity:,} stored rows",
-                                "lower capacity")
+                                "lower capacity", host.memory_limit)
         if refusal:
             return [*issues, ("capacity", refusal)]
         n = host.group_size
@@ -507,16 +507,18 @@ class Allocator(Actuator):
         return []
 
     def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
-        """A ``budget`` (rollouts per step) or ``max_n`` (rollouts of one prompt) this machine cannot hold even
-        at :data:`~dataflex_bus.memory.ROLLOUT_ROW_BYTES` a row is refused before a step tries to generate it."""
-        from .memory import ROLLOUT_ROW_BYTES, beyond_memory
+        """A ``budget`` (rollouts per step) or ``max_n`` (rollouts of one prompt) this machine cannot hold at what a
+        row takes on the host (:attr:`~dataflex_bus.host.HostDescription.row_bytes`, else the floor
+        :data:`~dataflex_bus.memory.ROLLOUT_ROW_BYTES`) is refused before a step tries to generate it."""
+        from .memory import beyond_memory, format_bytes, rollout_row
 
         issues = super().check_host(host)
+        row, basis = rollout_row(host)
         for name, value, what in (("budget", self.budget, "rollouts per step"),
                                   ("max_n", self.max_n, "rollouts of one prompt")):
             refusal = None if value is None else beyond_memory(
-                int(value) * ROLLOUT_ROW_BYTES, f"{name}={value:,} {what} (at {ROLLOUT_ROW_BYTES} bytes a row at "
-                "least)", f"lower {name}")
+                int(value) * row, f"{name}={value:,} {what} (at {format_bytes(row)} a row on host {host.name!r}: "
+                f"{basis})", f"lower {name}", host.memory_limit)
             if refusal:
                 issues.append((name, refusal))
         return issues

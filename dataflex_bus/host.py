@@ -99,6 +99,9 @@ class HostDescription:
     check: HostCheck | None = field(default=None, compare=False)
     rollout_is: str | None = None
     group_size_name: str = "rollout n"
+    row_bytes: int | None = None
+    row_bytes_basis: str = ""
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.capabilities) - set(CAPABILITIES)

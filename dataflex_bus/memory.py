@@ -5,13 +5,18 @@ rollouts) is refused at validation, on every host, naming the key and the bytes 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .host import HostDescription
 
 GIB = 1024 ** 3
 #: Used when the machine does not say how much memory it has.
 FALLBACK_MEMORY = 16 * GIB
 #: The fewest bytes one rollout row takes in a step on any host: its token ids, masks, log-probs, advantages and
 #: weights (8 tensors) over even a 16-token response, 8 bytes a value. A floor, not an estimate: a row of a real
-#: model's sequence takes far more.
+#: model's sequence takes far more, so every host gives its own estimate (``HostDescription.row_bytes``) and this
+#: is used only where none is known (validation without a host).
 ROLLOUT_ROW_BYTES = 8 * 16 * 8
 
 
@@ -40,3 +45,11 @@ def beyond_memory(nbytes: int, what: str, fix: str, limit: int | None = None) ->
         return None
     return (f"{what} need at least {format_bytes(nbytes)} ({nbytes:,} bytes) of memory, but this machine has "
             f"{format_bytes(limit)}; {fix}")
+
+
+def rollout_row(host: HostDescription) -> tuple[int, str]:
+    """``(bytes, basis)``: what one rollout row of ``host`` takes in a step (its own estimate, else the floor
+    :data:`ROLLOUT_ROW_BYTES`) and how that was found, for a refusal."""
+    if host.row_bytes is not None:
+        return int(host.row_bytes), host.row_bytes_basis or f"host {host.name!r}'s estimate"
+    return ROLLOUT_ROW_BYTES, "at least, the floor of any host"

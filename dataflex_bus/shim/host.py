@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..host import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
+from .sizes import row_bytes
 
 NAME = "shim"
 ON_ROLLOUT = frozenset({"prompts", "responses", "response_mask", "loss_mask", "rm_scores", "rollout_log_probs",
@@ -29,7 +30,7 @@ _MISSING = {
 def describe(resolved: Mapping[str, Any], *, group_size: bool = True) -> HostDescription:
     """The shim's description for a resolved run config (``group_size=False``: the group size is not
     known, e.g. ``trainer.group_size`` itself is invalid)."""
-    trainer = resolved["trainer"]
+    trainer, model = resolved["trainer"], resolved["model"]
     advantage = set(ON_ADVANTAGE)
     missing = dict(_MISSING)
     if trainer["kl_coef"] > 0:
@@ -47,4 +48,6 @@ def describe(resolved: Mapping[str, Any], *, group_size: bool = True) -> HostDes
     return HostDescription(NAME, fields=fields, capabilities=frozenset(CAPABILITIES), adv_estimator="grpo",
                            group_size=int(trainer["group_size"]) if group_size else None, loss_agg="token-mean",
                            prompts_per_step=int(trainer["prompts_per_step"]) if group_size else None,
-                           missing=missing)
+                           missing=missing, row_bytes=row_bytes(int(model["hidden"]), int(model["layers"])),
+                           row_bytes_basis=f"model.hidden {model['hidden']}, model.layers {model['layers']}: "
+                                           "the row's fields and its pass's activations")

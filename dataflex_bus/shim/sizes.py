@@ -32,7 +32,7 @@ class Term:
     bytes: int
 
 
-def _row_bytes(hidden: int, layers: int) -> int:
+def row_bytes(hidden: int, layers: int) -> int:
     """Bytes one rollout row holds during a step: its batch fields (about 16 ``[T]`` tensors, several
     copies) and the activations of a teacher-forced pass with gradients (embedding, GRU gates per layer,
     logits and log-softmax) over prompt + response tokens."""
@@ -47,7 +47,7 @@ def estimate(resolved: Mapping[str, Any]) -> list[Term]:
     hidden, layers = int(m["hidden"]), int(m["layers"])
     domains = len(resolved["data"]["domains"])
     vocab = vocab_size(domains)
-    row = _row_bytes(hidden, layers)
+    row = row_bytes(hidden, layers)
     rows = int(t["prompts_per_step"]) * int(t["group_size"])
     wide = "trainer.group_size" if t["group_size"] >= t["prompts_per_step"] else "trainer.prompts_per_step"
     params = vocab * hidden + layers * 3 * (2 * hidden * hidden + 2 * hidden) + hidden * NUM_OUTPUTS
@@ -103,4 +103,4 @@ def check_memory(resolved: Mapping[str, Any], limit: int | None = None) -> Confi
 
 
 _size = format_bytes
-__all__ = ["FALLBACK_MEMORY", "GIB", "Term", "check_memory", "estimate", "machine_memory"]
+__all__ = ["FALLBACK_MEMORY", "GIB", "Term", "check_memory", "estimate", "machine_memory", "row_bytes"]

@@ -6,7 +6,11 @@ imports, and the dataflex plugin set. Given a block (``--config FILE`` holding a
 optionally, a ``grpo:`` mapping of ``GRPOConfig`` fields, and/or overrides ``dataflex.mechanism=select
 grpo.loss_type=bnpo ...``) it also validates the block against the TRL host's description of those fields
 (TRL's defaults for the rest), exactly as the trainer does at construction, and the fields against
-what TRL's ``GRPOConfig`` refuses of a generation batch's shape. Exits 1 when anything is broken; a warning
+what TRL's ``GRPOConfig`` refuses of a generation batch's shape. An optional ``model:`` (the model's id or folder,
+or a mapping of its config's ``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
+``num_hidden_layers``, ``vocab_size``) and ``prompt_tokens:`` (the longest prompt, which the trainer reads from its
+dataset) size a rollout row as the trainer does (without a model only the stored tensors are counted), so a budget
+the machine cannot hold is refused here too. Exits 1 when anything is broken; a warning
 about the block (a selection that keeps nothing of the probe batch, ...) is a WARN, and fails under
 ``--strict``.
 """
@@ -41,6 +45,7 @@ def _block_checks(config: Mapping[str, Any], add: Add) -> None:
     from ..errors import ConfigError
     from ..runtime import Runtime
     from .host import config_issues, describe
+    from .sizes import MODEL_FIELDS, model_config, model_shape
 
     # The GRPOConfig fields the description reads, TRL's defaults for those not given (a GRPOConfig itself is
     # not built: its own checks depend on the machine, e.g. bf16 without a GPU, not on the block); what TRL
@@ -53,9 +58,15 @@ def _block_checks(config: Mapping[str, Any], add: Add) -> None:
     if not block:
         add("dataflex block", OK, "none: plain TRL (the kit's metrics are still logged)")
         return
+    given = config.get("model")
+    shape = model_shape(model_config(given) if isinstance(given, str) else given)
+    if given is not None and shape is None:
+        add("model", FAIL, f"{given!r}: its config (or the mapping given) lacks one of {', '.join(MODEL_FIELDS)}, "
+            "which bound the rows' memory")
     try:
         with block_warnings() as warnings:
-            runtime = Runtime(block, host=describe(args))
+            prompt_tokens = int(config.get("prompt_tokens") or 0)
+            runtime = Runtime(block, host=describe(args, model=shape, prompt_tokens=prompt_tokens))
     except ConfigError as exc:
         add("dataflex block", FAIL, str(exc))
         return

@@ -109,11 +109,15 @@ def iterable(dataset: Any) -> bool:
     return data is not None and isinstance(dataset, data.IterableDataset)
 
 
-def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
-             environments: bool = False) -> HostDescription:
+def describe(args: Any, *, processes: int | None = None, dataset: Any = None, environments: bool = False,
+             model: Mapping[str, int] | None = None, prompt_tokens: int = 0) -> HostDescription:
     """The host description of a TRL run configured by ``args`` (a ``GRPOConfig`` or a mapping of its fields) on
     ``processes`` processes (default: ``args.world_size`` when it has one, else 1), training on ``dataset``
-    (``None``: not known) with ``environments`` (``GRPOTrainer``'s ``environment_factory`` given)."""
+    (``None``: not known) with ``environments`` (``GRPOTrainer``'s ``environment_factory`` given), a model of
+    ``model``'s shape (:func:`~dataflex_bus.trl.sizes.model_shape`; ``None``: not known) and prompts of up to
+    ``prompt_tokens`` tokens: its rows' bytes (:func:`~dataflex_bus.trl.sizes.row_bytes`)."""
+    from .sizes import row_bytes
+
     advantage = set(ON_ADVANTAGE)
     missing = {**_MISSING, **LACKS}
     capabilities = set(CAPABILITIES_TRL)
@@ -131,6 +135,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
     if processes is None:
         processes = int(field_of(args, "world_size", 1)) if not isinstance(args, Mapping) else 1
     generations = field_of(args, "num_generations")
+    row, basis = row_bytes(args, model, prompt_tokens)
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
               "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator="grpo",
@@ -138,7 +143,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
                                                                environments=environments, processes=processes),
-                           group_size_name=f"{KEY}.num_generations")
+                           group_size_name=f"{KEY}.num_generations", row_bytes=row, row_bytes_basis=basis)
 
 
 def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:

@@ -43,7 +43,7 @@ from ..runtime import Runtime
 from ..sampler import domain_labels, prepare_prompts
 from ..steps import Generation, Step, StepKit
 from . import loss, passes, state
-from .arguments import check_processing_class
+from .arguments import argument, check_processing_class
 from .batches import BatchMaker
 from .block import load_block
 from .host import describe, generation_span, round_unit
@@ -51,6 +51,7 @@ from .processes import Processes
 from .prompts import PromptStream, prompt_table
 from .records import Kept, Pass, RoundData
 from .rows import Layout
+from .sizes import longest_prompt, model_config, model_shape
 from .skips import SkippedUpdates
 
 log = logging.getLogger("dataflex_bus")
@@ -70,11 +71,6 @@ class _StepEnd(TrainerCallback):
         self.trainer._dfx_maybe_end()
 
 
-def _argument(args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str, position: int) -> Any:
-    """A ``GRPOTrainer.__init__`` argument given by keyword or at ``position``."""
-    return kwargs.get(name, args[position] if len(args) > position else None)
-
-
 class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
     """TRL's ``GRPOTrainer`` running a ``dataflex`` block (see the module doc). ``dataflex``: a block
     (mapping), a YAML file holding one, or ``None`` (plain TRL; the kit's metrics are still logged). Every
@@ -92,12 +88,16 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
                  **kwargs: Any) -> None:
         block = load_block(dataflex)
         check_processing_class(args, kwargs)
-        config = _argument(args, kwargs, "args", 2)
-        dataset = _argument(args, kwargs, "train_dataset", 3)
+        config = argument(args, kwargs, "args")
+        dataset = argument(args, kwargs, "train_dataset")
         environments = kwargs.get("environment_factory") is not None
+        # What a rollout row holds (model shape, prompt length) bounds an allocator's budget at validation.
+        shape = model_shape(model_config(argument(args, kwargs, "model")))
+        prompt_tokens = longest_prompt(dataset, argument(args, kwargs, "processing_class"))
 
         def host(config: Any) -> Any:
-            return describe(config, dataset=dataset, environments=environments)
+            return describe(config, dataset=dataset, environments=environments, model=shape,
+                            prompt_tokens=prompt_tokens)
 
         # Validate first when the config is given: errors before the model is wrapped and moved.
         runtime = Runtime(block, host=host(config)) if config is not None else None

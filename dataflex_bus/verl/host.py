@@ -127,13 +127,28 @@ def describe(config: Any) -> HostDescription:
               f"(ppo_epochs={epochs}); set {actor}.shuffle=false or ppo_epochs=1", advantage)
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
+    row, basis = row_bytes(config)
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
                            group_size=n, prompts_per_step=_positive(select(config, "data.train_batch_size")),
                            loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
                                                              "token-mean")),
                            missing=missing, check=lambda cfg, key: block_issues(config, cfg, key),
                            rollout_is=None if rollout_is is None or bool(
-                               select(config, f"{ROLLOUT_CORRECTION}.bypass_mode", False)) else str(rollout_is))
+                               select(config, f"{ROLLOUT_CORRECTION}.bypass_mode", False)) else str(rollout_is),
+                           row_bytes=row, row_bytes_basis=basis)
+
+
+def row_bytes(config: Any) -> tuple[int, str]:
+    """``(bytes, basis)`` of one rollout row in the driver's batch (its ``DataProto``, on the CPU: the model's
+    passes run on micro-batches of fixed size on the workers, so the budget grows this): ``input_ids``,
+    ``attention_mask``, ``position_ids`` over ``T = P + R`` tokens, ``prompts`` over ``P``, ``responses`` and
+    ``response_mask`` over ``R`` (int64), and 9 float32 per response token (old, reference and rollout
+    log-probs, advantages, returns, token-level scores and rewards, entropy, importance weights), with
+    ``P = data.max_prompt_length`` and ``R = data.max_response_length`` (verl's defaults, 512 each, where unset)."""
+    p = _positive(select(config, "data.max_prompt_length")) or 512
+    r = _positive(select(config, "data.max_response_length")) or 512
+    return (3 * (p + r) * 8 + p * 8 + 2 * r * 8 + 9 * r * 4,
+            f"data.max_prompt_length {p} + data.max_response_length {r} tokens of ids, masks and per-token values")
 
 
 def _positive(value: Any) -> int | None:

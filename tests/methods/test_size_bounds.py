@@ -83,3 +83,82 @@ def test_dataflex_validate_refuses_knapsacks_floors_from_a_shim_config(tmp_path,
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "dataflex.actuator.params.budget" in err and "below the floors' 32" in err
+
+
+# ---------------------------------------------------------------------------- knapsack's DP (solver: dp)
+GIB = 1024 ** 3
+
+
+def test_knapsacks_dp_table_beyond_memory_is_refused_at_validation_naming_solver_and_bytes():
+    """budget 40,000 x max_n 40,000: each prompt's DP row is a [40,001 x 39,999] float64 maximum (12.8 GB, twice
+    over while it is built), which validation bounded only as 40,000 rollouts of 1 KiB: it trained until
+    effective prompts appeared, then died allocating."""
+    host = SHIM_HOST.replace(memory_limit=16 * GIB)
+    message = refusal(knapsack(budget=40_000, max_n=40_000, solver="dp"), host)
+    assert "dataflex.actuator.params.solver:" in message
+    assert "budget=40,000" in message and "max_n=40,000" in message and "bytes) of memory" in message
+    assert "solver: greedy" in message
+    validate(knapsack(budget=40_000, max_n=40_000), host=host)  # greedy: an [E, max_n - min_n] sort
+
+
+def test_a_modest_knapsack_dp_is_accepted_without_a_warning():
+    cfg = validate(knapsack(budget=64, max_n=16, solver="dp"), host=SHIM_HOST.replace(memory_limit=GIB))
+    assert not cfg.warnings
+
+
+def test_a_slow_knapsack_dp_is_warned_about_with_its_seconds_per_allocation():
+    """256 prompts x budget 16,384 (max_n 128): 5 x 10^8 DP cells, seconds per allocation (the greedy: 0.01 s)."""
+    host = SHIM_HOST.replace(group_size=8, prompts_per_step=256)
+    cfg = validate(knapsack(budget=16_384, solver="dp"), host=host)
+    (warning,) = cfg.warnings
+    assert warning.key == "dataflex.actuator.params.solver"
+    assert "s per allocation" in warning.message and "solver: greedy" in warning.message
+    assert not validate(knapsack(budget=16_384), host=host).warnings
+
+
+def test_a_knapsack_dp_that_cannot_run_in_reasonable_time_is_refused():
+    """1,024 prompts x budget 262,144 x max_n 512: 1.4 x 10^11 cells, about an hour per allocation, though its
+    tables (3 GiB) fit."""
+    host = SHIM_HOST.replace(group_size=8, prompts_per_step=1024, memory_limit=64 * GIB)
+    message = refusal(knapsack(budget=262_144, max_n=512, solver="dp"), host)
+    assert "dataflex.actuator.params.solver:" in message and "per allocation" in message
+
+
+# ---------------------------------------------------------------------------- what a host's rows hold
+def _shim_host():
+    from dataflex_bus.shim.config import resolve_config
+    from dataflex_bus.shim.host import describe
+
+    return describe(resolve_config({"trainer": {"group_size": 4, "prompts_per_step": 8}}))
+
+
+def _verl_host(prompt: int, response: int):
+    from dataflex_bus.verl.host import describe
+
+    return describe({"data": {"max_prompt_length": prompt, "max_response_length": response, "train_batch_size": 8},
+                     "actor_rollout_ref": {"rollout": {"n": 4}}})
+
+
+def test_every_host_sizes_a_rollout_row_from_what_its_rows_hold_not_the_floor():
+    from dataflex_bus.memory import ROLLOUT_ROW_BYTES
+    from dataflex_bus.shim.sizes import row_bytes
+
+    shim = _shim_host()
+    assert shim.row_bytes == row_bytes(64, 1) > 30 * ROLLOUT_ROW_BYTES  # the default GRU, 64 wide, one layer
+    # verl's driver batch: 6 int64 ids/masks and 9 float32 values a response token (512 + 512: 54 KiB)
+    assert _verl_host(512, 512).row_bytes == 3 * 1024 * 8 + 512 * 8 + 2 * 512 * 8 + 9 * 512 * 4
+    assert _verl_host(1024, 4096).row_bytes > 6 * _verl_host(512, 512).row_bytes
+
+
+@pytest.mark.parametrize(("host", "budget", "basis"), [
+    ("shim", 200_000, "model.hidden 64"),
+    ("verl", 1_000_000, "data.max_response_length 4096"),
+])
+def test_a_budget_beyond_memory_at_the_hosts_rows_is_refused_though_the_floor_would_pass(host, budget, basis):
+    """The 1 KiB floor passed both (0.2 and 1 GB); the shim's rows take 34 KiB, verl's at 1,024 + 4,096 tokens
+    336 KiB."""
+    described = (_shim_host() if host == "shim" else _verl_host(1024, 4096)).replace(memory_limit=4 * GIB)
+    message = refusal(knapsack(budget=budget, max_n=budget), described)
+    assert "dataflex.actuator.params.budget:" in message and f"budget={budget:,}" in message
+    assert f"a row on host {host!r}" in message and basis in message
+    validate(knapsack(budget=budget, max_n=budget), host=ANY_HOST.replace(memory_limit=4 * GIB))  # the floor

@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 OBJECTIVES = ("official", "exact")
 SOLVERS = ("greedy", "dp")
 COSTS = ("probability", "expectation")
+#: DP cells (``effective prompts x (capacity + 1) x (max_n - min_n + 1)``) :func:`dp_extras` fills a second,
+#: measured on a shared 2-core CPU: 43-123 million (64 x 4,096 x 127: 119M/s; 256 x 15,873 x 127: 66M/s;
+#: 64 x 16,385 x 511: 43M/s, the tables out of cache); the low end, so an estimate errs long.
+DP_CELLS_PER_SECOND = 40e6
+#: Seconds per allocation above which ``solver: dp`` is warned about (the greedy takes milliseconds) ...
+DP_WARN_SECONDS = 5.0
+#: ... and refused: a DP this slow holds every step for ten minutes or more.
+DP_REFUSE_SECONDS = 600.0
 
 
 # ---------------------------------------------------------------------------- value and cost
@@ -119,7 +127,7 @@ def dp_extras(p: Tensor, capacity: int, *, min_n: int, extra: int, objective: st
     dp[0] = 0.0
     if e == 0 or capacity <= 0:
         return torch.zeros(e, dtype=torch.long), max(capacity, 0)
-    choice = torch.zeros((e, capacity + 1), dtype=torch.int32)
+    choice = torch.zeros((e, capacity + 1), dtype=torch.int32)  # dp_size counts these tables' bytes
     rates = p.to(torch.float32).tolist()
     gains: dict[float, Tensor] = {}  # per distinct rate (rates are often k / 16): the scalar loop runs once each
     for j in range(e):  # inherent to the DP: each prompt's table row depends on the previous one's
@@ -140,6 +148,15 @@ def dp_extras(p: Tensor, capacity: int, *, min_n: int, extra: int, objective: st
         out[j] = k
         w -= k
     return out, capacity - int(out.sum())
+
+
+def dp_size(prompts: int, capacity: int, extra: int) -> tuple[int, int]:
+    """``(bytes, cells)`` of :func:`dp_extras` on ``prompts`` effective prompts sharing ``capacity`` extras of at
+    most ``extra`` each: its int32 ``[E, capacity + 1]`` choices and, per prompt, the float64 ``[capacity + 1,
+    extra + 1]`` candidates twice (the flipped window and its sum with the gains, alive together); the cells are
+    its work per allocation."""
+    width = (capacity + 1) * (extra + 1)
+    return prompts * (capacity + 1) * 4 + 2 * width * 8, prompts * width
 
 
 # ---------------------------------------------------------------------------- the estimate
@@ -264,7 +281,51 @@ class Knapsack(Allocator):
             issues.append(("budget", f"the budget of {self.budget} rollouts is below the floors' {n * prompts} of a "
                            f"step of new prompts ({prompts} prompts x the group size {n} on host {host.name!r}), as "
                            f"every prompt is at step 0; raise budget to {n * prompts} or more"))
-        return issues
+        return issues + self._dp_issues(host, warn=False)
+
+    def host_warnings(self, host: HostDescription) -> list[tuple[str, str]]:
+        return self._dp_issues(host, warn=True)
+
+    def _dp_bound(self, host: HostDescription) -> tuple[str, int, int] | None:
+        """``solver: dp``'s worst step on ``host``: ``(what, table bytes, cells)``, every prompt of the step
+        effective (at most ``prompts_per_step``, else ``budget // min_n``) and the whole budget theirs; ``None``
+        for the greedy or where the host does not say the step's size."""
+        n, prompts = host.group_size, host.prompts_per_step
+        budget = self.budget if self.budget is not None else (None if n is None or prompts is None else n * prompts)
+        if self.solver != "dp" or budget is None:
+            return None
+        effective = prompts if prompts is not None else budget // self.min_n
+        extra = self.max_n - self.min_n
+        capacity = min(budget, effective * extra)
+        nbytes, cells = dp_size(effective, capacity, extra)
+        what = (f"solver: dp's tables (budget={budget:,} and max_n={self.max_n:,} over up to {effective:,} effective "
+                f"prompts a step on host {host.name!r}: {effective:,} x {capacity + 1:,} x {extra + 1:,} DP cells)")
+        return what, nbytes, cells
+
+    def _dp_issues(self, host: HostDescription, *, warn: bool) -> list[tuple[str, str]]:
+        """The DP's table beyond memory, or its time beyond :data:`DP_REFUSE_SECONDS`, refused (``warn=False``);
+        its time beyond :data:`DP_WARN_SECONDS` warned about (``warn=True``)."""
+        from dataflex_bus.memory import beyond_memory
+
+        bound = self._dp_bound(host)
+        if bound is None:
+            return []
+        what, nbytes, cells = bound
+        fix = ("use solver: greedy (the same optimum on whole tensors, milliseconds), or a smaller budget or "
+               "max_n")
+        seconds = cells / DP_CELLS_PER_SECOND
+        cost = (f"{what}, about {seconds:,.0f} s per allocation (at {DP_CELLS_PER_SECOND / 1e6:.0f} million cells "
+                "a second, measured on a CPU core)")
+        if warn:
+            slow = DP_WARN_SECONDS < seconds <= DP_REFUSE_SECONDS and beyond_memory(
+                nbytes, "", "", host.memory_limit) is None
+            return [("solver", f"{cost}, every step; {fix}")] if slow else []
+        refusal = beyond_memory(nbytes, what, fix, host.memory_limit)
+        if refusal:
+            return [("solver", refusal)]
+        if seconds > DP_REFUSE_SECONDS:
+            return [("solver", f"{cost}, beyond the {DP_REFUSE_SECONDS:,.0f} s a step may wait for it; {fix}")]
+        return []
 
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
         p = score.values.to(torch.float64)
