@@ -62,13 +62,21 @@ STATE_FILE = state.STATE_FILE
 
 class _StepEnd(TrainerCallback):
     """Ends the host kit's step after the last optimizer step of a generation batch (before TRL logs and
-    saves, which run after every callback's ``on_step_end``)."""
+    saves, which run after every callback's ``on_step_end``), or after the last optimizer step of the run when
+    training stops inside a generation batch (``max_steps``, a callback stopping it): that batch was generated
+    and trained on, so its counts, history and metrics are kept and logged."""
 
     def __init__(self, trainer: DataflexGRPOTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.trainer._dfx_maybe_end()
+        last = control.should_training_stop or (state.max_steps > 0 and state.global_step >= state.max_steps)
+        self.trainer._dfx_maybe_end(last=bool(last))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # A stop decided after this callback's on_step_end (TRL has logged that step): still counted and recorded.
+        if self.trainer._dfx_step is not None:
+            self.trainer._dfx_end()
 
 
 def _argument(args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str, position: int) -> Any:
@@ -231,8 +239,8 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         return loss.skip_when(super().create_optimizer(*args, **kwargs), lambda: self._dfx_skip)
 
     # ------------------------------------------------------------------ step end
-    def _dfx_maybe_end(self) -> None:
-        if self._dfx_step is not None and self._step % self._dfx_micro == 0:
+    def _dfx_maybe_end(self, last: bool = False) -> None:
+        if self._dfx_step is not None and (last or self._step % self._dfx_micro == 0):
             self._dfx_end()
 
     def _dfx_end(self) -> None:
