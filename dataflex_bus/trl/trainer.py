@@ -143,6 +143,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_skip = False
         self._dfx_generations = 0
         self._dfx_stream = None
+        self._dfx_dataset_id: dict[str, Any] | None = None  # (computed when first needed: state.py)
         dataset: Any = self.train_dataset
         labels = domain_labels(dataset, runtime.domain_key, required=runtime.mixes) if hasattr(
             dataset, "column_names") else None

@@ -53,3 +53,93 @@ def test_max_steps_inside_a_generation_batch_after_a_mid_batch_resume_still_ends
     assert resumed["logs"][-1]["step"] == 4
     assert resumed["logs"][-1]["compute/generated_rollouts"] == _generated(resumed)
     assert trainer.dataflex_metrics[-1]["compute/generated_rollouts"] == _generated(resumed)
+
+
+REPLAY = {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+          "actuator": {"name": "rollout_replay", "params": {
+              "unit": "prompt", "priority": "highest", "advantage": "mixed", "correction": "behaviour",
+              "per_prompt": 8, "min_to_replay": 4, "replays": 2, "capacity": 256}}}
+ROWS = T.interleave(MIXED[:8], FLAT[:8], 2, 2)
+
+
+def _reordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return rows[::-1]
+
+
+def _replaced(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [*rows[:-1], MIXED[20]]  # one prompt swapped for another: same size
+
+
+def _checkpoint(tmp_path: Any, block: dict[str, Any]) -> Any:
+    T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=2, save_strategy="steps", save_steps=1,
+            out=str(tmp_path / "run"), trainer_kwargs={"dataflex": block})
+    return tmp_path / "run" / "checkpoint-1"
+
+
+@pytest.mark.parametrize("change", [_reordered, _replaced], ids=["reordered", "replaced"])
+@pytest.mark.parametrize("block", [GRESO, REPLAY], ids=["history", "replay"])
+def test_resume_on_another_dataset_of_the_same_size_is_refused_naming_the_checkpoint_and_the_column(
+        tmp_path, block, change):
+    """Before: TRL's prompt ids are row positions and only the row count was checked, so a reordered or
+    replaced dataset of the same size resumed: each prompt's history (or stored rows) joined whatever prompt
+    now sits at its row."""
+    from dataflex_bus.errors import ConfigError
+
+    checkpoint = _checkpoint(tmp_path, block)
+    with pytest.raises(ConfigError) as err:
+        T.train(DataflexGRPOTrainer, rows=change(ROWS), rows_per_gen=16, steps=2, out=str(tmp_path / "resumed"),
+                resume=str(checkpoint), trainer_kwargs={"dataflex": block})
+    text = str(err.value)
+    assert str(checkpoint / "dataflex_state.pt") in text and "train_dataset" in text
+    assert "of the same size (16 rows)" in text and "'prompt'" in text and "reordered or replaced" in text
+
+
+def test_resume_on_a_dataset_of_another_size_says_the_row_counts(tmp_path):
+    from dataflex_bus.errors import ConfigError
+
+    checkpoint = _checkpoint(tmp_path, GRESO)
+    with pytest.raises(ConfigError, match=r"written for a training dataset of 16 rows; this run's has 15"):
+        T.train(DataflexGRPOTrainer, rows=ROWS[:15], rows_per_gen=16, steps=2, out=str(tmp_path / "resumed"),
+                resume=str(checkpoint), trainer_kwargs={"dataflex": GRESO})
+
+
+def test_a_checkpoint_without_the_dataset_s_identity_is_refused_where_state_is_keyed_by_row(tmp_path):
+    """A checkpoint written before the dataset's content was recorded: per-prompt state cannot be checked
+    against this dataset, so it is refused saying why; a block keeping nothing per row resumes as before."""
+    from dataflex_bus.errors import ConfigError
+    from dataflex_bus.state_file import read_state, save_state
+
+    def strip(checkpoint: Any) -> None:
+        path = checkpoint / "dataflex_state.pt"
+        save_state(path, {k: v for k, v in read_state(path, "").items() if k != "dataset"})
+
+    checkpoint = _checkpoint(tmp_path / "a", GRESO)
+    strip(checkpoint)
+    with pytest.raises(ConfigError, match=r"records only the training dataset's size.*cannot be checked"):
+        T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=2, out=str(tmp_path / "resumed"),
+                resume=str(checkpoint), trainer_kwargs={"dataflex": GRESO})
+    dapo = {k: v for k, v in GRESO["methods"][1].items() if k != "name"}
+    checkpoint = _checkpoint(tmp_path / "b", dapo)
+    strip(checkpoint)
+    resumed = T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=2, out=str(tmp_path / "resumed-b"),
+                      resume=str(checkpoint), trainer_kwargs={"dataflex": dapo})
+    assert resumed["trainer"]._dfx_generations == 2
+
+
+def test_a_dataset_s_identity_is_its_content_in_row_order_whatever_its_arrow_layout():
+    """The same rows reached through a slice, an indices mapping or flattened indices hash the same (a resume
+    on the same data is never refused); reordered or edited rows do not."""
+    from datasets import Dataset
+
+    from dataflex_bus.trl.dataset_id import identify
+
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in MIXED[:20]]
+    base = identify(Dataset.from_list(rows))
+    padded = Dataset.from_list([*rows[:3], *rows])
+    assert identify(padded.select(range(3, 23))) == base
+    assert identify(padded.select(range(3, 23)).flatten_indices()) == base
+    assert identify(Dataset.from_list(rows + rows).train_test_split(test_size=0.5, shuffle=False)["test"]) == base
+    assert identify(Dataset.from_list(rows[::-1]))["columns"]["prompt"] != base["columns"]["prompt"]
+    edited = identify(Dataset.from_list([*rows[:-1], {**rows[-1], "answer": "x"}]))
+    assert edited["columns"]["prompt"] == base["columns"]["prompt"] != edited["columns"]["answer"]
+    assert identify([dict(r) for r in rows]) == identify([dict(r) for r in rows])  # a plain list: row by row
