@@ -43,7 +43,7 @@ from ..batch import Batch
 from ..runtime import Runtime
 from ..sampler import domain_labels, prepare_prompts
 from ..steps import Generation, Step, StepKit
-from . import loss, passes, state
+from . import loss, passes, replays, state
 from .arguments import check_processing_class
 from .batches import BatchMaker
 from .block import load_block
@@ -150,6 +150,8 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         sampler = prepare_prompts(runtime, lambda: prompt_table(labels, len(dataset)), labels=labels,
                                   seed=int(args.seed))
         self._dfx_labels = labels
+        if runtime.replay is not None:  # a restored stored row TRL could not train again is refused at resume
+            runtime.replay.store.object_check = replays.object_check(len(dataset), len(self.reward_funcs))
         self._dfx_domains = sampler.domains if sampler is not None else (
             runtime.configured_domains or (sorted(set(labels)) if labels is not None else None))
         row_domain = None

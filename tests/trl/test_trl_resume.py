@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("trl")
 
+import torch
 import trl_tiny as T
 
 from dataflex_bus.trl import DataflexGRPOTrainer
@@ -143,3 +144,57 @@ def test_a_dataset_s_identity_is_its_content_in_row_order_whatever_its_arrow_lay
     edited = identify(Dataset.from_list([*rows[:-1], {**rows[-1], "answer": "x"}]))
     assert edited["columns"]["prompt"] == base["columns"]["prompt"] != edited["columns"]["answer"]
     assert identify([dict(r) for r in rows]) == identify([dict(r) for r in rows])  # a plain list: row by row
+
+
+@pytest.fixture(scope="module")
+def replay_checkpoint(tmp_path_factory: Any) -> Any:
+    """A checkpoint whose replay buffer holds rows (16 stored at step 1), written once for the module."""
+    folder = tmp_path_factory.mktemp("replay")
+    return _checkpoint(folder, REPLAY)
+
+
+def _set(index: int, value: Any) -> Any:
+    def damage(objects: list[Any]) -> list[Any]:
+        objects[index] = value
+        return objects
+    return damage
+
+
+def _entry(index: int, **changes: Any) -> Any:
+    def damage(objects: list[Any]) -> list[Any]:
+        objects[index] = {**objects[index], **changes}
+        return objects
+    return damage
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda objects: objects[:-3], "objects has 13 entries for 16 slots"),
+    (lambda objects: None, "objects is None, but this run's host stores one object per row"),
+    (_set(2, None), "objects[2] is None, not a stored row"),
+    (_set(4, 7), "objects[4] is a int, not a stored row"),
+    (_entry(5, row=99), "objects[5] 'row' is 99, outside the training dataset's rows [0, 16)"),
+    (_entry(6, prompt_ids="1+2="), "objects[6] 'prompt_ids' is a str, not a list of token ids"),
+    (_entry(7, rewards=torch.zeros(3)), "objects[7] 'rewards' holds 3 values, not 1 (one per reward function)"),
+], ids=["short", "none", "none-entry", "wrong-type", "row-out-of-range", "ids-wrong-type", "rewards-shape"])
+def test_a_replay_buffer_with_malformed_per_row_objects_is_refused_at_resume_naming_the_file_and_field(
+        tmp_path, replay_checkpoint, damage, message):
+    """Behind a valid checksum: before, a shortened, None or malformed object list resumed, then failed with a
+    raw TypeError (or assertion) at the first replay."""
+    import shutil
+
+    from dataflex_bus.errors import ConfigError
+    from dataflex_bus.state_file import read_state, save_state
+
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(replay_checkpoint, checkpoint)
+    path = checkpoint / "dataflex_state.pt"
+    state = read_state(path, "")
+    store = state["runtime"]["replay"]["store"]
+    assert len(store["objects"]) == 16
+    store["objects"] = damage(store["objects"])
+    save_state(path, state)
+    with pytest.raises(ConfigError) as err:
+        T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=3, out=str(tmp_path / "resumed"),
+                resume=str(checkpoint), trainer_kwargs={"dataflex": REPLAY})
+    text = str(err.value)
+    assert str(path) in text and "replay buffer in the checkpoint is damaged" in text and message in text
