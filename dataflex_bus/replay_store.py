@@ -13,7 +13,7 @@ is :mod:`dataflex_bus.replay`'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +40,11 @@ _COLUMNS: dict[str, torch.dtype] = {"prompt": torch.long, "group": torch.long, "
                                     "version": torch.long, "reward": torch.float32, "priority": torch.float32,
                                     "advantage": torch.float32, "domain": torch.long, "length": torch.long}
 _INT_TYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+#: The entries of a saved store (:meth:`ReplayStore.state_dict`; ``scalars`` is optional, older states lack it).
+_SAVED = ("table", "capacity", "per_prompt", "slots", "columns", "mu", "payload", "dtypes", "lengths", "objects",
+          "next_seq", "next_group")
+#: A host's check of one stored per-row object: ``None`` when it is sound, else what is wrong with it.
+ObjectCheck = Callable[[Any], str | None]
 
 
 def preallocated_bytes(capacity: int) -> int:
@@ -101,9 +106,11 @@ class Record:
 class ReplayStore:
     """The bounded store of past rows of one run (see the module doc). ``capacity``: rows at most (the oldest
     groups are evicted first); ``per_prompt``: rows per prompt at most (the oldest rows of a prompt first; 0:
-    no bound)."""
+    no bound). ``object_check``: set by a host that stores one object per row (what it reads back to train the
+    row again), so a restored object it could not read is refused at restore, not at the first replay."""
 
-    def __init__(self, table: StoreTable, capacity: int, *, per_prompt: int = 0) -> None:
+    def __init__(self, table: StoreTable, capacity: int, *, per_prompt: int = 0,
+                 object_check: ObjectCheck | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"replay store capacity must be at least 1 row, got {capacity}")
         self.table = table
@@ -120,6 +127,7 @@ class ReplayStore:
         self.objects: list[Any] | None = None
         self.next_seq = 0
         self.next_group = 0
+        self.object_check = object_check
 
     # ------------------------------------------------------------------ reading
     @property
@@ -299,11 +307,7 @@ class ReplayStore:
     def _check_restored(self, state: Mapping[str, Any], slots: Tensor) -> None:
         """Refuse a saved store whose rows no :meth:`insert` could have written (a checksum proves the file is
         the one written, not that what was written is sound): naming the column and what is wrong with it."""
-        def damaged(column: str, what: str) -> ConfigError:
-            return ConfigError(ConfigIssue("dataflex", f"the replay buffer in the checkpoint is damaged: {column} "
-                                           f"{what}; start the run afresh (without resume) or restore another "
-                                           "checkpoint"))
-
+        damaged = _damaged
         n = int(slots.numel())
         if n and (int(slots.min()) < 0 or int(slots.max()) >= self.capacity):
             raise damaged("slots", f"holds slots outside [0, {self.capacity})")
@@ -328,8 +332,30 @@ class ReplayStore:
                 raise damaged(f"column {name!r}", f"holds values outside {where}")
         if not bool(torch.isfinite(state["mu"].to(torch.float32)).all()):
             raise damaged("column 'mu'", "holds non-finite behaviour log-probs (insert stores finite ones only)")
+        self._check_objects(state["objects"], n)
+
+    def _check_objects(self, objects: Any, n: int) -> None:
+        """The per-row objects: one per slot, each one the host can read (its :attr:`object_check`)."""
+        if objects is None:
+            if n and self.object_check is not None:
+                raise _damaged("objects", "is None, but this run's host stores one object per row")
+            return
+        if not isinstance(objects, list):
+            raise _damaged("objects", f"is a {type(objects).__name__}, not a list")
+        if len(objects) != n:
+            raise _damaged("objects", f"has {len(objects)} entries for {n} slots")
+        if self.object_check is not None:
+            for i, obj in enumerate(objects):  # (Python objects, read once at restore)
+                why = self.object_check(obj)
+                if why is not None:
+                    raise _damaged(f"objects[{i}]", why)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise _damaged("the store", f"is a {type(state).__name__}, not a mapping")
+        missing = [k for k in _SAVED if k not in state]
+        if missing:  # (an emptied store is damaged, not one of another dataset: its table is missing too)
+            raise _damaged("entries", f"{missing} are missing (it holds {sorted(state)})")
         self.table.check_saved(state.get("table"), "the replay buffer")
         slots = state["slots"].to(torch.long)
         if state["capacity"] != self.capacity or state["per_prompt"] != self.per_prompt:
@@ -337,7 +363,8 @@ class ReplayStore:
                                           f"rows ({state['per_prompt']} per prompt); this run's holds {self.capacity} "
                                           f"({self.per_prompt})"))
         self._check_restored(state, slots)
-        self.__init__(self.table, self.capacity, per_prompt=self.per_prompt)  # type: ignore[misc]
+        self.__init__(self.table, self.capacity, per_prompt=self.per_prompt,  # type: ignore[misc]
+                      object_check=self.object_check)
         for name, value in state["columns"].items():
             self.columns[name][slots] = value.to(_COLUMNS[name])
         mu = state["mu"]
@@ -358,6 +385,11 @@ class ReplayStore:
             for slot, obj in zip(slots.tolist(), state["objects"]):
                 self.objects[slot] = obj
         self.next_seq, self.next_group = int(state["next_seq"]), int(state["next_group"])
+
+
+def _damaged(column: str, what: str) -> ConfigError:
+    return ConfigError(ConfigIssue("dataflex", f"the replay buffer in the checkpoint is damaged: {column} {what}; "
+                                   "start the run afresh (without resume) or restore another checkpoint"))
 
 
 def take_rows(record: Record, keep: Tensor) -> Record:

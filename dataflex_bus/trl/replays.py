@@ -17,7 +17,7 @@ so replay is refused there (:mod:`~dataflex_bus.trl.host`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..batch import Batch
 from ..replay import Replayed
-from ..replay_store import pad_to
+from ..replay_store import ObjectCheck, pad_to
 from .records import Kept, RoundData
 
 if TYPE_CHECKING:
@@ -52,6 +52,45 @@ def stored_object(rounds: Sequence[RoundData], ref: tuple[int, int]) -> dict[str
             "extra": {k: v[i] for k, v in r.extra.items() if isinstance(v, list)},
             "input": dict(r.inputs[i]), "rewards": r.rewards[i].clone(),
             "logs": {c: v[i] for c, v in r.pending_logs.items()}}
+
+
+#: The entries of :func:`stored_object`.
+STORED = ("row", "label", "prompt_ids", "completion_ids", "tool_mask", "completion", "logprobs", "extra", "input",
+          "rewards", "logs")
+
+
+def object_check(rows: int, rewards: int) -> ObjectCheck:
+    """The store's check of one restored object (:attr:`ReplayStore.object_check
+    <dataflex_bus.replay_store.ReplayStore.object_check>`): what :func:`stored_round` reads of it, for a training
+    dataset of ``rows`` rows and ``rewards`` reward functions; ``None`` when sound, else what is wrong."""
+
+    def check(obj: Any) -> str | None:
+        if obj is None:
+            return "is None, not a stored row"
+        if not isinstance(obj, Mapping):
+            return f"is a {type(obj).__name__}, not a stored row (a mapping of {', '.join(STORED)})"
+        missing = [k for k in STORED if k not in obj]
+        if missing:
+            return f"lacks {missing}"
+        row = obj["row"]
+        if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < rows:
+            return f"'row' is {row!r}, outside the training dataset's rows [0, {rows})"
+        for name in ("prompt_ids", "completion_ids"):
+            ids = obj[name]
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                return f"{name!r} is a {type(ids).__name__}, not a list of token ids"
+        if obj["tool_mask"] is not None and not isinstance(obj["tool_mask"], list):
+            return f"'tool_mask' is a {type(obj['tool_mask']).__name__}, not a list"
+        value = obj["rewards"]
+        if not isinstance(value, Tensor) or value.shape != (rewards,):
+            shape = f"holds {value.numel()} values" if isinstance(value, Tensor) else f"is a {type(value).__name__}"
+            return f"'rewards' {shape}, not {rewards} (one per reward function)"
+        for name in ("extra", "input", "logs"):
+            if not isinstance(obj[name], Mapping):
+                return f"{name!r} is a {type(obj[name]).__name__}, not a mapping"
+        return None
+
+    return check
 
 
 def stored_round(replayed: Replayed, first: RoundData, batches: BatchMaker) -> RoundData:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import ConfigError, ConfigIssue
 from ..state_file import check_format, read_state, restore, save_state, warn_no_state
+from . import dataset_id
 
 if TYPE_CHECKING:
     from .trainer import DataflexGRPOTrainer
@@ -19,13 +20,24 @@ STATE_FILE = "dataflex_state.pt"
 #: 2: behind the kit's checksum header (1, a plain ``torch.save``, is refused naming the file).
 STATE_FORMAT = 2
 FRESH = f"resume from another checkpoint-N, or remove {STATE_FILE} to start the dataflex method fresh"
+#: What to do about a checkpoint written for another training dataset (:mod:`~dataflex_bus.trl.dataset_id`).
+SAME_DATASET = (f"resume with the training dataset the checkpoint was written for, or remove {STATE_FILE} to start "
+                "the dataflex method fresh")
+
+
+def dataset_identity(trainer: DataflexGRPOTrainer) -> dict[str, Any]:
+    """The training dataset's identity, computed once per run (at the first save or at resume)."""
+    if trainer._dfx_dataset_id is None:
+        trainer._dfx_dataset_id = dataset_id.identify(trainer.train_dataset)
+    return trainer._dfx_dataset_id
 
 
 def state_dict(trainer: DataflexGRPOTrainer) -> dict[str, Any]:
     stream = trainer._dfx_stream
     return {"format": STATE_FORMAT, "dataflex_bus": __version__, "global_step": trainer.state.global_step,
             "generation_batches": trainer._dfx_generations, "runtime": trainer.dataflex.state_dict(),
-            "kit": trainer.dataflex_kit.state_dict(), "stream": stream.state_dict() if stream is not None else None}
+            "kit": trainer.dataflex_kit.state_dict(), "stream": stream.state_dict() if stream is not None else None,
+            "dataset": dataset_identity(trainer)}
 
 
 def load(trainer: DataflexGRPOTrainer, state: dict[str, Any], source: str = STATE_FILE) -> None:
@@ -45,6 +57,15 @@ def load(trainer: DataflexGRPOTrainer, state: dict[str, Any], source: str = STAT
             raise ValueError(f"{saved!r} is not a count of generation batches")
         trainer._dfx_generations = saved
 
+    def dataset(saved: Any) -> None:
+        # Only state keyed by prompt id (history, replay buffer, prompt selection) depends on which prompt sits at
+        # a row; a checkpoint without the entry (an older dataflex-bus) is refused only then.
+        if trainer.dataflex.needs_prompt_ids:
+            dataset_id.check(saved, dataset_identity(trainer), "its per-prompt state (history, replay buffer)",
+                             SAME_DATASET)
+
+    # The dataset first: its refusal says what differs, before the prompt table's (the size only) would.
+    restore(source, {"dataset": state.get("dataset")}, {"dataset": dataset}, FRESH)
     restore(source, state, {"runtime": trainer.dataflex.load_state_dict, "kit": trainer.dataflex_kit.load_state_dict,
                             "stream": stream, "generation_batches": generations}, FRESH)
 

@@ -42,7 +42,7 @@ from ..batch import Batch
 from ..runtime import Runtime
 from ..sampler import domain_labels, prepare_prompts
 from ..steps import Generation, Step, StepKit
-from . import loss, passes, state
+from . import loss, passes, replays, state
 from .arguments import argument, check_processing_class
 from .batches import BatchMaker
 from .block import load_block
@@ -62,13 +62,21 @@ STATE_FILE = state.STATE_FILE
 
 class _StepEnd(TrainerCallback):
     """Ends the host kit's step after the last optimizer step of a generation batch (before TRL logs and
-    saves, which run after every callback's ``on_step_end``)."""
+    saves, which run after every callback's ``on_step_end``), or after the last optimizer step of the run when
+    training stops inside a generation batch (``max_steps``, a callback stopping it): that batch was generated
+    and trained on, so its counts, history and metrics are kept and logged."""
 
     def __init__(self, trainer: DataflexGRPOTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.trainer._dfx_maybe_end()
+        last = control.should_training_stop or (state.max_steps > 0 and state.global_step >= state.max_steps)
+        self.trainer._dfx_maybe_end(last=bool(last))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # A stop decided after this callback's on_step_end (TRL has logged that step): still counted and recorded.
+        if self.trainer._dfx_step is not None:
+            self.trainer._dfx_end()
 
 
 class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
@@ -133,12 +141,15 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_skip = False
         self._dfx_generations = 0
         self._dfx_stream = None
+        self._dfx_dataset_id: dict[str, Any] | None = None  # (computed when first needed: state.py)
         dataset: Any = self.train_dataset
         labels = domain_labels(dataset, runtime.domain_key, required=runtime.mixes) if hasattr(
             dataset, "column_names") else None
         sampler = prepare_prompts(runtime, lambda: prompt_table(labels, len(dataset)), labels=labels,
                                   seed=int(args.seed))
         self._dfx_labels = labels
+        if runtime.replay is not None:  # a restored stored row TRL could not train again is refused at resume
+            runtime.replay.store.object_check = replays.object_check(len(dataset), len(self.reward_funcs))
         self._dfx_domains = sampler.domains if sampler is not None else (
             runtime.configured_domains or (sorted(set(labels)) if labels is not None else None))
         row_domain = None
@@ -229,8 +240,8 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         return loss.skip_when(super().create_optimizer(*args, **kwargs), lambda: self._dfx_skip)
 
     # ------------------------------------------------------------------ step end
-    def _dfx_maybe_end(self) -> None:
-        if self._dfx_step is not None and self._step % self._dfx_micro == 0:
+    def _dfx_maybe_end(self, last: bool = False) -> None:
+        if self._dfx_step is not None and (last or self._step % self._dfx_micro == 0):
             self._dfx_end()
 
     def _dfx_end(self) -> None:

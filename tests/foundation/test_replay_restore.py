@@ -81,6 +81,67 @@ def test_a_damaged_state_is_refused_naming_the_column(damage, column):
     assert len(s) == 0  # nothing half-restored
 
 
+def with_objects(check=None) -> tuple[ReplayStore, dict]:
+    """A store whose host keeps one object per row (TRL, verl), and its saved state."""
+    s = store()
+    s.object_check = check
+    n = 4
+    s.insert(Record(prompt=torch.tensor([0, 0, 3, 3]), group=torch.tensor([0, 0, 1, 1]),
+                    version=torch.zeros(n, dtype=torch.long), reward=torch.zeros(n), priority=torch.zeros(n),
+                    advantage=torch.zeros(n), domain=torch.zeros(n, dtype=torch.long), length=torch.full((n,), 2),
+                    mu=-torch.ones(n, 2), objects=[{"row": r} for r in (0, 0, 3, 3)]))
+    fresh = store()
+    fresh.object_check = check
+    return fresh, s.state_dict()
+
+
+def row_in_range(obj):
+    """A host's check of one stored object (here: a mapping whose 'row' is a row of a 10-row dataset)."""
+    if not isinstance(obj, dict):
+        return f"is a {type(obj).__name__}, not a mapping"
+    if not 0 <= obj.get("row", -1) < 10:
+        return f"'row' {obj.get('row')!r} is outside [0, 10)"
+    return None
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda s: s.update(objects=s["objects"][:2]), "objects has 2 entries for 4 slots"),
+    (lambda s: s.update(objects={"row": 0}), "objects is a dict, not a list"),
+    (lambda s: s.update(objects=None), "objects is None, but this run's host stores one object per row"),
+    (lambda s: s["objects"].__setitem__(1, None), "objects[1] is a NoneType, not a mapping"),
+    (lambda s: s["objects"].__setitem__(2, 7), "objects[2] is a int, not a mapping"),
+    (lambda s: s["objects"][3].update(row=99), "objects[3] 'row' 99 is outside [0, 10)"),
+], ids=["short", "not-a-list", "none", "none-entry", "wrong-type", "out-of-range"])
+def test_malformed_per_row_objects_are_refused_at_restore_naming_the_field(damage, message):
+    """Before: a shortened list restored with None objects, accepted, then a raw TypeError at the first replay."""
+    s, state = with_objects(row_in_range)
+    damage(state)
+    with pytest.raises(ConfigError) as err:
+        s.load_state_dict(state)
+    text = str(err.value)
+    assert "replay buffer in the checkpoint is damaged" in text and message in text
+    assert len(s) == 0  # nothing half-restored
+
+
+def test_a_shortened_object_list_is_refused_without_a_host_check_too():
+    s, state = with_objects()
+    state["objects"] = state["objects"][:3]
+    with pytest.raises(ConfigError, match="objects has 3 entries for 4 slots"):
+        s.load_state_dict(state)
+    s, state = with_objects(row_in_range)
+    s.load_state_dict(state)  # sound objects restore
+    assert s.gather(torch.nonzero(s.occupied).flatten()).objects == [{"row": 0}, {"row": 0}, {"row": 3}, {"row": 3}]
+
+
+@pytest.mark.parametrize("emptied", [{}, {"table": saved()["table"]}], ids=["empty", "table-only"])
+def test_an_emptied_store_is_refused_as_damaged_naming_the_missing_entries_not_as_another_dataset(emptied):
+    with pytest.raises(ConfigError) as err:
+        store().load_state_dict(emptied)
+    text = str(err.value)
+    assert "replay buffer in the checkpoint is damaged" in text and "'slots'" in text and "missing" in text
+    assert "another dataset" not in text
+
+
 def test_the_store_lives_in_its_own_module_and_stays_importable_from_replay():
     assert Store is Reexported
     assert preallocated_bytes(10) == store(10).nbytes()  # what a new store allocates, computed without it
