@@ -146,6 +146,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     kind = args.kind
     slots = ["scorer", "actuator"] if kind is None else [slot_of(kind)]
     specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
+    if not specs and kind is None and (entry := mechanism_info(args.name, registry)) is not None:
+        print(json.dumps([entry], indent=2, sort_keys=True) if args.json else _mechanism_text(entry))
+        return 0
     if not specs:
         bare = args.name.rpartition(":")[2]
         kinds = [kind] if kind in component_kinds() else None
@@ -170,6 +173,26 @@ def cmd_info(args: argparse.Namespace) -> int:
               "to show one\n")
     print("\n\n".join(_info_text(e) for e in entries))
     return 0
+
+
+def mechanism_info(name: str, registry: Any) -> dict[str, Any] | None:
+    """What ``dataflex info`` shows for a mechanism's name (``allocate``) or its actuator kind (``allocator``):
+    what it does and the installed actuators that implement it; ``None`` for any other name. Such a name is
+    no component, yet it is what a reader of a block (``mechanism: allocate``) looks up first."""
+    found = next((m for m in mechanisms() if name in (m.name, m.kind)), None)
+    if found is None:
+        return None
+    return {"name": found.name, "kind": "mechanism", "actuator_kind": found.kind, "summary": found.summary,
+            "actuators": registry.names("actuator", [found.kind])}
+
+
+def _mechanism_text(entry: dict[str, Any]) -> str:
+    actuators = ", ".join(entry["actuators"]) or "none installed"
+    return (f"{entry['name']!r} is a mechanism, not a component: {entry['summary']}.\n"
+            f"A method under it is a scorer times an actuator of kind {entry['actuator_kind']!r} "
+            f"(`mechanism: {entry['name']}` in a block).\n"
+            f"{entry['actuator_kind']}s installed: {actuators}\n"
+            f"`dataflex info NAME` shows one of them (and the scorers it is meant for).")
 
 
 def component_info(spec: Any, registry: Any) -> dict[str, Any]:

@@ -18,26 +18,55 @@ VERL_SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_m
                            "custom_reward_function", "ray_kwargs", "transfer_queue", "global_profiler"})
 
 
+#: Top-level keys of TRL's config form (``dataflex doctor --host trl --config``, the trainer's ``dataflex=`` file).
+TRL_SECTIONS = frozenset({"dataflex", "grpo", "model", "prompt_tokens"})
+#: Those only TRL's form has: a shim run config has a ``model`` section too, never ``grpo`` or ``prompt_tokens``.
+TRL_ONLY = frozenset({"grpo", "prompt_tokens"})
+#: Top-level keys of a bare block (a ``dataflex=`` file may hold the block itself).
+BLOCK_KEYS = frozenset({"mechanism", "methods"})
+
+
+def config_host(config: dict[str, Any]) -> tuple[str, str]:
+    """Which host a config file is written for, and why: ``verl`` (verl's sections), ``trl`` (``dataflex:`` alone,
+    or with ``grpo:``/``prompt_tokens:`` and ``model:``; or a bare block: the forms TRL's ``dataflex=`` file and
+    doctor take), ``shim`` (anything else: a run config's ``trainer``/``model``/``data`` sections), or ``""`` for an empty file (no host said)."""
+    keys = set(config)
+    if VERL_SECTIONS & keys:
+        return "verl", "it has verl's sections " + ", ".join(sorted(VERL_SECTIONS & keys))
+    if BLOCK_KEYS & keys:
+        return "trl", "a bare dataflex block, the form TRL's dataflex= file takes"
+    if keys and keys <= TRL_SECTIONS and (keys <= {"dataflex"} or keys & TRL_ONLY):
+        return "trl", "only " + " and ".join(f"`{k}:`" for k in sorted(keys)) + ", TRL's config form"
+    if not keys:
+        return "", "it is empty"
+    return "shim", "a shim run config (sections " + ", ".join(sorted(keys)) + ")"
+
+
+def check_verl_config(config: dict[str, Any]) -> Any:
+    """A verl config's ``dataflex`` block against verl's description of that config, every problem at once
+    (the validated block, ``None`` when there is none); raises :class:`~dataflex_bus.errors.ConfigError`."""
+    from .errors import ConfigError
+    from .validation import validate
+    from .verl.host import context_issues, describe
+
+    issues: list[Any] = context_issues(config)
+    block, cfg = config.get("dataflex"), None
+    if block:
+        try:
+            cfg = validate(block, host=describe(config))
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+    if issues:
+        raise ConfigError(issues)
+    return cfg
+
+
 def check_config(config: dict[str, Any]) -> Any:
     """Check a whole config file the way the host that runs it would, every problem at once: a verl config's
     ``dataflex`` block against verl's context, a shim config's every section. Returns the validated block
     (``None``: no method, plain GRPO); raises :class:`~dataflex_bus.errors.ConfigError`."""
-    from .errors import ConfigError
-
     if VERL_SECTIONS & set(config):
-        from .validation import validate
-        from .verl.host import context_issues, describe
-
-        issues: list[Any] = context_issues(config)
-        block, cfg = config.get("dataflex"), None
-        if block:
-            try:
-                cfg = validate(block, host=describe(config))
-            except ConfigError as exc:
-                issues.extend(exc.issues)
-        if issues:
-            raise ConfigError(issues)
-        return cfg
+        return check_verl_config(config)
     from .shim.config import prepare
 
     return prepare(config).method

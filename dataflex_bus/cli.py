@@ -17,11 +17,12 @@ COMMANDS = {
     "validate": "dataflex_bus.checkconfig:cmd_validate",
     "run": "dataflex_bus.shim.commands:cmd_run",
     "compare": "dataflex_bus.shim.compare:cmd_compare",
-    "doctor": "dataflex_bus.verl.doctor:cmd_doctor",
+    "doctor": "dataflex_bus.doctor:cmd_doctor",
     "new-plugin": "dataflex_bus.template:cmd_new_plugin",
 }
-#: ``dataflex doctor --host NAME``: each host's checks (verl's is the default, the ``doctor`` entry above).
-DOCTORS = {"verl": COMMANDS["doctor"], "trl": "dataflex_bus.trl.doctor:cmd_doctor"}
+#: ``dataflex doctor --host NAME``: each host's checks (``dataflex_bus.doctor:cmd_doctor`` picks one: ``--host``,
+#: else the host a ``--config`` file is written for, else verl).
+DOCTORS = {"verl": "dataflex_bus.verl.doctor:cmd_doctor", "trl": "dataflex_bus.trl.doctor:cmd_doctor"}
 #: Commands that log (configuring costs a structlog import, which ``dataflex plugins`` must not pay).
 LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
@@ -97,12 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check a host integration (verl, or TRL with --host trl): versions, the "
                                       "trainer, plugins")
-    p.add_argument("--host", choices=sorted(DOCTORS), default="verl", help="the host to check (default: verl)")
+    p.add_argument("--host", choices=sorted(DOCTORS),
+                   help="the host to check (default: the one a --config file is written for, else verl)")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 on a warning too (e.g. a selection that keeps nothing of the probe batch)")
     p.add_argument("--config", metavar="FILE",
-                   help="--host trl: a YAML file with a `dataflex:` block and optional `grpo:` GRPOConfig fields")
+                   help="trl: a YAML file with a `dataflex:` block and optional `grpo:` GRPOConfig fields (or a bare "
+                        "block); verl: a verl config file with a `dataflex:` block")
     p.add_argument("overrides", nargs="*",
                    help="verl: your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...); trl: "
                         "dataflex.KEY=VALUE and grpo.FIELD=VALUE. Doctor then also checks the dataflex block against "
@@ -130,8 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .logs import configure
 
         configure(json=True if args.log_json else None)
-    target = DOCTORS[args.host] if args.command == "doctor" else COMMANDS[args.command]
-    module_name, _, func = target.partition(":")
+    module_name, _, func = COMMANDS[args.command].partition(":")
     handler = getattr(import_module(module_name), func)
     from .errors import DataflexError
 

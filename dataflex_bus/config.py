@@ -34,12 +34,48 @@ def _loader() -> type:
     return Loader
 
 
+class DuplicateKey(Exception):
+    """A mapping that names one key twice: ``path`` (dotted, as config keys are written) on ``lines``."""
+
+    def __init__(self, path: str, lines: tuple[int, int]) -> None:
+        super().__init__(f"duplicate key {path!r} on lines {lines[0]} and {lines[1]}")
+        self.path, self.lines = path, lines
+
+
+def _check_duplicates(node: Any, path: str = "") -> None:
+    """Refuse a key given twice in one mapping, at any depth: YAML keeps the last silently, so a second
+    ``trainer:`` section would reset the first's settings to defaults and of two ``dataflex:`` blocks only one
+    would run. Merge keys (``<<: *base``) are YAML's way to override on purpose and stay allowed."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = key.value if isinstance(key, yaml.ScalarNode) else repr(key)
+            child = f"{path}.{name}" if path else str(name)
+            line = key.start_mark.line + 1
+            if name in seen:
+                raise DuplicateKey(child, (seen[name], line))
+            seen[name] = line
+            _check_duplicates(value, child)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, f"{path}[{i}]")
+
+
 def _parse_yaml(text: str, name: str) -> Any:
-    """Parse ``text``; syntax errors name ``name`` (the file) instead of ``<unicode string>``."""
+    """Parse ``text``; syntax errors name ``name`` (the file) instead of ``<unicode string>``; a key given
+    twice in one mapping raises :class:`DuplicateKey`."""
     loader = _loader()(text)
     loader.name = name  # what PyYAML's marks (line/column of an error) report as the source
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicates(node)
+        return loader.construct_document(node)
     finally:
         loader.dispose()
 
@@ -100,6 +136,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = _parse_yaml(text, str(p))
     except yaml.YAMLError as exc:
         raise ConfigFileError(ConfigIssue(str(p), f"not valid YAML: {_yaml_problem(exc)}")) from None
+    except DuplicateKey as exc:
+        raise ConfigFileError(ConfigIssue(str(p), f"{exc}: YAML would keep only the last one silently; keep one "
+                                                  "(merge the two)")) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -118,6 +157,8 @@ def parse_override_value(text: str) -> Any:
         return _parse_yaml(text, "<override>")
     except yaml.YAMLError:
         return text
+    except DuplicateKey as exc:
+        raise ConfigError(ConfigIssue(text, f"override value names key {exc.path!r} twice: keep one")) from None
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -130,3 +130,33 @@ def report(checks: list[dict[str, Any]], *, as_json: bool = False, strict: bool 
             verdict = "all checks passed"
         print(f"dataflex doctor: {verdict}")
     return 1 if failed or (strict and warned) else 0
+
+
+def cmd_doctor(args: Any) -> int:
+    """``dataflex doctor``: the checks of ``--host``; without it, of the host a ``--config`` file is written for
+    (read first: a missing file is an error, not verl's checks run beside it), else verl's. A host read from
+    the file is said on stderr (stdout stays the table or the JSON), with how to pick the other."""
+    import sys
+    from importlib import import_module
+
+    from .cli import DOCTORS
+    from .errors import ConfigError, ConfigIssue
+
+    host, path = getattr(args, "host", None), getattr(args, "config", None)
+    if host is None and path is not None:
+        from .checkconfig import config_host
+        from .config import load_config
+
+        host, why = config_host(load_config(path))
+        others = " or ".join(f"--host {h}" for h in sorted(DOCTORS) if h != host)
+        if host == "shim":
+            raise ConfigError(ConfigIssue(path, f"{why}: doctor checks a host integration ({others}); "
+                                                f"`dataflex validate {path}` checks a shim run config"))
+        if not host:
+            host = "verl"
+            why += ", so no host is said"
+        print(f"dataflex doctor: checking host {host!r} ({path}: {why}); {others} checks that host instead",
+              file=sys.stderr)
+    module, _, func = DOCTORS[host or "verl"].partition(":")
+    return int(getattr(import_module(module), func)(args) or 0)
+

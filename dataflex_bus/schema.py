@@ -13,6 +13,7 @@ import builtins
 import copy
 import difflib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -115,9 +116,23 @@ class Param:
         return items, None
 
 
+def _fold(name: str) -> str:
+    """A name as compared for a suggestion: case, dashes, dots and spaces do not count (``GROUP-SOLVE-RATE``)."""
+    return re.sub(r"[-.\s]+", "_", name).lower()
+
+
 def did_you_mean(name: str, known: list[str] | tuple[str, ...], n: int = 1) -> str:
-    """``"did you mean 'x'?"`` for the closest known name (up to ``n`` of them), or ``""``."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=n, cutoff=0.6)
+    """``"did you mean 'x'?"`` for the closest known name (up to ``n`` of them), or ``""``. Names are compared
+    folded (:func:`_fold`): an ALL-CAPS or dashed spelling of a known name is found, not only a title-cased one
+    (difflib's ratio on the raw strings finds ``Mopps`` but not ``MOPPS``)."""
+    by_fold: dict[str, str] = {}
+    for k in map(str, known):
+        by_fold.setdefault(_fold(k), k)
+    folded = _fold(str(name))
+    close = [by_fold[folded]] if folded in by_fold else []
+    close += [by_fold[c] for c in difflib.get_close_matches(folded, list(by_fold), n=n, cutoff=0.6)
+              if by_fold[c] not in close]
+    close = close[:n]
     return f"did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 

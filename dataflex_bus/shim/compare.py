@@ -31,7 +31,7 @@ from . import report
 from .commands import interruption, signals_interrupt
 from .config import RunConfig, fingerprint, prepare
 from .files import METRICS, RECORD, RunDirError, checkpoint_step, existing_run_files, read_metrics
-from .regime import Regime, load_regime, regime_change
+from .regime import Regime, load_regime, regime_change, regime_words, same_regime
 from .run import run_training
 from .stats import mean_ci, paired_difference
 
@@ -403,6 +403,29 @@ def _plan(args: argparse.Namespace, out: Path, regime: Regime | None = None) -> 
     return inputs
 
 
+def _regime_of(inputs: Sequence[_Input], regime: Regime | None) -> dict[str, Any] | None:
+    """The one regime every compared run is (or will be) trained under, as recorded (``None``: none): the
+    configs run under ``--regime`` (or none), and each finished run directory was run under the regime its
+    ``run.json`` records. Runs of two regimes are refused, naming a directory and both regimes: their pairs
+    would compare testbeds, not methods, under one label in ``compare.json``."""
+    dirs = [(run_dir, _record(run_dir).get("regime")) for i in inputs if i.prepared is None
+            for run_dir in i.runs.values()]
+    if regime is not None:
+        expected: Any = regime.record()
+        theirs = f"--regime {regime.file} asks for {regime_words(expected)}"
+    elif any(i.prepared is not None for i in inputs) or not dirs:
+        expected, theirs = None, "the config inputs run without --regime (no regime)"
+    else:  # only finished runs and no --regime: theirs, if they share one
+        expected = dirs[0][1]
+        theirs = f"{dirs[0][0]} was run under {regime_words(expected)}"
+    for run_dir, recorded in dirs:
+        if not same_regime(recorded, expected):
+            raise ConfigError(ConfigIssue("--regime", f"{run_dir} was run under {regime_words(recorded)}, but "
+                                          f"{theirs}: compared runs must share one regime (compare run "
+                                          "directories of one regime, under that --regime or none)"))
+    return expected if isinstance(expected, dict) else None
+
+
 def _baseline(args: argparse.Namespace, inputs: Sequence[_Input]) -> str:
     if args.baseline is None:
         return inputs[0].label
@@ -420,6 +443,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # Validate everything first: a typo in the third config must not cost the first two runs.
     regime = load_regime(args.regime) if getattr(args, "regime", None) else None
     inputs = _plan(args, out, regime)
+    shared_regime = _regime_of(inputs, regime)
     baseline = _baseline(args, inputs)
     earlier = [name for name in COMPARE_FILES if (out / name).exists()]
     if earlier and not args.force:
@@ -455,8 +479,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     curves = {i.label: [read.get((i.label, s)) or load_curve(i.runs[s], args.metric) for s in i.runs]
               for i in inputs}
     summary = analyse(curves, baseline=baseline, metric=args.metric, reading=args.budget_reading)
-    if regime is not None:
-        summary["regime"] = regime.record()
+    if shared_regime is not None:
+        summary["regime"] = shared_regime
     domains: list[str] = []
     for runs in curves.values():
         for c in runs:

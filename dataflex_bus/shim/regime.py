@@ -64,6 +64,22 @@ def load_regime(path: str | Path) -> Regime:
     return Regime(Path(path).stem, str(path), {s: dict(k) for s, k in overlay.items()})
 
 
+def regime_words(recorded: Any) -> str:
+    """A recorded regime (``run.json``'s ``"regime"``, or :meth:`Regime.record`) in words: ``regime 'NAME'
+    (OVERLAY)``, or ``no regime``."""
+    if not isinstance(recorded, Mapping):
+        return "no regime"
+    return f"regime {recorded.get('name')!r} ({recorded.get('overlay')})"
+
+
+def same_regime(recorded: Any, other: Any) -> bool:
+    """Whether two recorded regimes are one: only the overlay counts (a renamed file of the same keys is)."""
+    def overlay(r: Any) -> Any:
+        return r.get("overlay") if isinstance(r, Mapping) else None
+
+    return bool(overlay(recorded) == overlay(other))
+
+
 def regime_change(recorded: Any, regime: Regime | None) -> str | None:
     """Why a run recorded with ``recorded`` (``run.json``'s ``"regime"``) may not be resumed under ``regime``
     (``None``: it may). Only the overlay counts: a renamed file holding the same keys is the same regime."""
@@ -77,4 +93,4 @@ def regime_change(recorded: Any, regime: Regime | None) -> str | None:
             "started with, or start over (--force)")
 
 
-__all__ = ["REGIME_SECTIONS", "Regime", "load_regime", "regime_change"]
+__all__ = ["REGIME_SECTIONS", "Regime", "load_regime", "regime_change", "regime_words", "same_regime"]

@@ -103,4 +103,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     overrides: Sequence[str] = getattr(args, "overrides", None) or ()
     path = getattr(args, "config", None)
     config = load_config(path, overrides) if path or overrides else None
+    if config is not None and "dataflex" not in config and {"mechanism", "methods"} & set(config):
+        config = {"dataflex": config}  # a bare block, as the trainer's dataflex= file may hold it
     return report(run_checks(config), as_json=getattr(args, "json", False), strict=getattr(args, "strict", False))

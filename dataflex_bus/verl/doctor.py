@@ -89,8 +89,28 @@ def _block_checks(overrides: Sequence[str], add: Any) -> None:
     add_block(add, f"{mode} runs " + "; ".join(runtime.describe()), warnings)
 
 
-def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Every check as ``{"check", "status", "detail"}`` (``overrides``: see the module doc)."""
+def _file_block_checks(config: dict[str, Any], add: Any) -> None:
+    """The ``dataflex`` block of a verl config file (``--config FILE``) against verl's description of that file,
+    as ``dataflex validate FILE`` checks it (no Hydra compose: the file holds what it holds)."""
+    from ..checkconfig import check_verl_config
+    from ..errors import ConfigError
+
+    try:
+        with block_warnings() as warnings:
+            cfg = check_verl_config(config)
+    except ConfigError as exc:
+        add("dataflex block", FAIL, str(exc))
+        return
+    if cfg is None:
+        add("dataflex block", OK, "none in the file: plain verl training")
+        return
+    methods = "; ".join(f"{m.mechanism} {m.scorer.name}+{m.actuator.name}" for m in cfg.methods)
+    add_block(add, f"the file's block validates against verl: {methods}", [*map(str, cfg.warnings), *warnings])
+
+
+def run_checks(overrides: Sequence[str] = (), config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every check as ``{"check", "status", "detail"}`` (``overrides``: see the module doc; ``config``: a verl
+    config file's contents, overrides applied, whose block is checked instead of a composed one)."""
     checks, add = new_checks()
     if not tested_version(add, "verl", TESTED_VERL, 'pip install "dataflex-bus[verl]"',
                           "the adapter overrides private verl methods"):
@@ -137,7 +157,9 @@ def run_checks(overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
                                           for mode, cls in registered.items()))
 
     plugin_checks(add)
-    if overrides:
+    if config is not None:
+        _file_block_checks(config, add)
+    elif overrides:
         _block_checks(overrides, add)
     return checks
 
@@ -151,6 +173,10 @@ def _quiet_verl_import() -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Print the checks; exit status 1 if any failed (``--strict``: or warned)."""
+    from ..config import load_config
+
     _quiet_verl_import()
-    checks = run_checks(getattr(args, "overrides", None) or ())
+    overrides = getattr(args, "overrides", None) or ()
+    path = getattr(args, "config", None)
+    checks = run_checks(overrides, load_config(path, overrides) if path else None)
     return report(checks, as_json=getattr(args, "json", False), strict=getattr(args, "strict", False))

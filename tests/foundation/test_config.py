@@ -150,3 +150,54 @@ def test_cli_reports_file_errors_without_a_traceback(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "not UTF-8" in err and str(path) in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- duplicate keys
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    # a second `trainer:` section would reset group_size and prompts_per_step to their defaults
+    ("trainer:\n  group_size: 16\n  prompts_per_step: 4\nmodel: {}\ntrainer:\n  steps: 5\n", "trainer", (1, 5)),
+    # of two `dataflex:` blocks only the second would run
+    ("dataflex:\n  mechanism: select\n\ndataflex:\n  mechanism: mix\n", "dataflex", (1, 4)),
+    ("dataflex:\n  actuator:\n    params:\n      low: 0.1\n      low: 0.2\n", "dataflex.actuator.params.low", (4, 5)),
+    ("dataflex:\n  methods:\n    - scorer: {name: a, name: b}\n", "dataflex.methods[0].scorer.name", (3, 3)),
+])
+def test_duplicate_yaml_keys_are_an_error_naming_file_key_and_both_lines(tmp_path, text, key, lines):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigFileError) as err:
+        load_yaml(path)
+    (issue,) = err.value.issues
+    assert issue.key == str(path)
+    assert f"duplicate key {key!r}" in issue.message and f"lines {lines[0]} and {lines[1]}" in issue.message
+
+
+def test_duplicate_trainer_sections_fail_validate_and_run_from_the_cli(tmp_path, capsys):
+    from dataflex_bus.cli import main
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("trainer:\n  group_size: 16\ntrainer:\n  steps: 5\n")
+    for argv in (["validate", str(path)], ["run", str(path), "--dry-run"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "duplicate key 'trainer'" in err and str(path) in err and "Traceback" not in err
+
+
+def test_distinct_keys_and_merge_keys_still_load(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("base: &b {low: 0.1, high: 0.9}\nactuator:\n  <<: *b\n  high: 0.8\nlist: [{a: 1}, {a: 2}]\n")
+    assert load_yaml(path) == {"base": {"low": 0.1, "high": 0.9}, "actuator": {"low": 0.1, "high": 0.8},
+                               "list": [{"a": 1}, {"a": 2}]}
+
+
+def test_an_override_value_naming_a_key_twice_is_refused():
+    with pytest.raises(ConfigError, match="names key 'low' twice"):
+        apply_overrides({}, ["dataflex.actuator.params={low: 0.1, low: 0.2}"])
+
+
+def test_trl_dataflex_file_with_two_blocks_is_refused_by_the_shared_loader(tmp_path):
+    from dataflex_bus.trl.block import load_block
+
+    path = tmp_path / "trl.yaml"
+    path.write_text("dataflex:\n  mechanism: select\ndataflex:\n  mechanism: reweight\n")
+    with pytest.raises(ConfigFileError, match=r"duplicate key 'dataflex' on lines 1 and 3"):
+        load_block(str(path))

@@ -142,6 +142,47 @@ def test_info_unknown_name_suggests_and_kind_narrows(capsys):
     assert "unknown selector" in err and "there is a scorer of that name" in err
 
 
+@pytest.mark.parametrize(("typed", "meant"), [
+    ("GROUP_SOLVE_RATE", "group_solve_rate"), ("THRESHOLD_BAND", "threshold_band"), ("Group_Solve_Rate",
+                                                                                      "group_solve_rate"),
+    ("group-solve-rate", "group_solve_rate"), ("GROUP-SOLVE-RAT", "group_solve_rate")])
+def test_info_suggests_the_name_whatever_its_case_or_dashes(capsys, typed, meant):
+    assert main(["info", typed]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown component {typed!r}" in err and f"did you mean {meant!r}" in err
+
+
+def test_a_block_name_in_capitals_gets_a_suggestion_at_validation():
+    band = {"low": 0.1, "high": 0.9}
+    for block, meant in [
+        ({"mechanism": "SELECT", "scorer": {"name": "group_solve_rate"},
+          "actuator": {"name": "threshold_band", "params": band}}, "select"),
+        ({"mechanism": "select", "scorer": {"name": "GROUP_SOLVE_RATE"},
+          "actuator": {"name": "threshold_band", "params": band}}, "group_solve_rate"),
+        ({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+          "actuator": {"name": "Threshold-Band", "params": band}}, "threshold_band"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            validate(block)
+        assert f"did you mean {meant!r}" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["allocate", "allocator"])
+def test_info_on_a_mechanism_says_what_it_does_and_which_components_implement_it(capsys, name):
+    from dataflex_bus.mechanisms import mechanism
+    from dataflex_bus.validation import installed_registry
+
+    assert main(["info", name]) == 0
+    out = capsys.readouterr().out
+    assert "'allocate' is a mechanism" in out and mechanism("allocate").summary in out
+    allocators = installed_registry().names("actuator", ["allocator"])
+    assert allocators and all(a in out for a in allocators)
+    assert main(["info", "select", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert (entry["kind"], entry["actuator_kind"]) == ("mechanism", "selector")
+    assert "threshold_band" in entry["actuators"]
+
+
 def test_info_on_a_name_in_both_slots_shows_both_or_the_chosen_kind(site, monkeypatch, capsys):
     monkeypatch.setenv("DATAFLEX_LOAD_PLUGINS", "hostgood")
     assert main(["info", "len_score"]) == 0

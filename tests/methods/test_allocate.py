@@ -412,3 +412,18 @@ def test_mopps_posterior_lives_in_the_history_and_round_trips():
         moved = PromptHistory(PromptTable.full(["d"], [4], column="row"))
         moved.own(scorer.prompt_state(), scorer.update_prompt_state)
         moved.load_state_dict(history.state_dict())
+
+
+@pytest.mark.parametrize("success_min", ["-1", "0", "2", "1e300"])
+def test_mopps_success_min_outside_the_reward_range_is_refused_naming_the_key(capsys, success_min):
+    """Rewards lie in [0, 1] (the authors' acc): a success_min at or below 0 counts every rollout a success, one
+    above 1 none, so every posterior would drift to one end; refused by the real CLI, naming the key."""
+    from pathlib import Path
+
+    from dataflex_bus.cli import main
+
+    example = str(Path(__file__).parents[2] / "examples" / "mopps.yaml")
+    assert main(["validate", example, f"dataflex.scorer.params.success_min={success_min}"]) == 2
+    err = capsys.readouterr().err
+    assert "dataflex.scorer.params.success_min" in err and "(0, 1]" in err and "Traceback" not in err
+    assert main(["validate", example, "dataflex.scorer.params.success_min=0.75"]) == 0

@@ -296,3 +296,47 @@ def test_the_commit_round_needs_the_host_group_size():
         from dataflex_bus.components import Score
 
         PilotCommit(n_commit=2).allocate(batch, Score(torch.zeros(2), "prompt"), 0, Budget(0, 1, 2))
+
+
+def _example_with(tmp_path, evict: dict | None = None, commit: dict | None = None):
+    """examples/pilot_commit.yaml with parameters of its eviction (methods[0]) or its commit (methods[1]) changed."""
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "examples" / "pilot_commit.yaml").read_text())
+    config["dataflex"]["methods"][0]["actuator"]["params"].update(evict or {})
+    config["dataflex"]["methods"][1]["actuator"]["params"].update(commit or {})
+    path = tmp_path / "pc.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("threshold", [0, -1, 0.0, 1.5])
+def test_exclude_threshold_outside_a_solve_rate_is_refused_naming_the_key(tmp_path, capsys, threshold):
+    """A solve rate lies in [0, 1]: at 0 or below every prompt counts as evicted (a never-rolled-out one scores 0),
+    above 1 none ever is; both are refused at validation, naming the key and the allowed range."""
+    from dataflex_bus.cli import main
+
+    assert main(["validate", _example_with(tmp_path, evict={"exclude_threshold": threshold})]) == 2
+    err = capsys.readouterr().err
+    assert "dataflex.methods[0].actuator.params.exclude_threshold" in err and "(0, 1]" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("n_commit", "culprit"), [
+    (200, "n_commit=200"), (127, "n_commit=127 gives a committed prompt 129 rollouts")])
+def test_n_commit_above_max_n_is_refused_at_validation(tmp_path, capsys, n_commit, culprit):
+    """max_n must hold the pilot (the group size, 2 in the example) plus n_commit: refused by `validate`, not at
+    step 0 of a run."""
+    from dataflex_bus.cli import main
+
+    assert main(["validate", _example_with(tmp_path, commit={"n_commit": n_commit, "max_n": 128})]) == 2
+    err = capsys.readouterr().err
+    assert "dataflex.methods[1].actuator.params" in err and culprit in err and "max_n=128" in err
+
+
+def test_a_pilot_plus_commit_that_max_n_holds_still_validates(tmp_path, capsys):
+    from dataflex_bus.cli import main
+
+    assert main(["validate", _example_with(tmp_path, commit={"n_commit": 126, "max_n": 128})]) == 0

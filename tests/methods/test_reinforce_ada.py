@@ -306,3 +306,23 @@ def test_the_selection_probe_leaves_out_what_follows_continuation_rounds():
                       "actuator": {"name": "ada_downsample", "params": {"final_keep": 8}}},
                      host=ANY_HOST.replace(name="lab", group_size=8))
     assert [w for w in alone.warnings if "keeps every row of a probe batch" in w.message]
+
+
+@pytest.mark.parametrize("threshold", [-1.0, 1.0, 2.0, 1e300])
+def test_a_positive_threshold_no_reward_in_0_1_can_straddle_is_refused(tmp_path, capsys, threshold):
+    """A row is positive when its reward exceeds the threshold: below 0 every row of rewards in [0, 1] is positive,
+    at 1 or above none is, and no prompt could ever exit balanced; refused naming the key and the range."""
+    from pathlib import Path
+
+    import yaml
+
+    from dataflex_bus.cli import main
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "examples" / "reinforce_ada.yaml").read_text())
+    config["dataflex"]["methods"][0]["scorer"]["params"]["success_threshold"] = threshold  # the two agree
+    config["dataflex"]["methods"][1]["actuator"]["params"]["positive_threshold"] = threshold
+    path = tmp_path / "ra.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "dataflex.methods[1].actuator.params.positive_threshold" in err and "[0, 1)" in err

@@ -174,3 +174,62 @@ def test_compare_merges_the_regime_over_every_config(tmp_path, capsys):
     assert main(["compare", str(a), str(b), "--regime", str(longer), "--out", str(out), "--no-progress",
                  "--resume", "--force"]) == 2
     assert "regime 'r'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """Two finished tiny runs: one plain, one under the regime ``pool`` (train_pool 4), and the regime files."""
+    root = tmp_path_factory.mktemp("finished")
+    cfg = _write(root / "cfg.yaml", tiny(trainer={"steps": 2, "eval_every": 1}))
+    pool = _write(root / "pool.yaml", {"data": {"train_pool": 4}})
+    _write(root / "other.yaml", {"data": {"train_pool": 5}})
+    assert main(["run", str(cfg), "--out", str(root / "plain"), "--no-progress"]) == 0
+    assert main(["run", str(cfg), "--regime", str(pool), "--out", str(root / "pooled"), "--no-progress"]) == 0
+    import shutil
+
+    shutil.copytree(root / "pooled", root / "pooled_b")  # a second method's label over the same runs
+    return root
+
+
+def test_compare_regime_over_run_dirs_that_never_used_it_is_refused_naming_dir_and_regimes(finished, capsys):
+    root = finished
+    capsys.readouterr()
+    out = root / "cmp_refused"
+    assert main(["compare", str(root / "plain"), str(root / "pooled"), "--regime", str(root / "pool.yaml"),
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "plain") in err and "no regime" in err and "regime 'pool'" in err
+    assert not (out / "compare.json").exists()
+    # another regime recorded than the one asked for: both named
+    assert main(["compare", str(root / "pooled"), str(root / "pooled_b"), "--regime", str(root / "other.yaml"),
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "pooled") in err and "regime 'pool'" in err and "regime 'other'" in err
+
+
+def test_a_plain_run_dir_is_never_paired_with_a_fresh_run_under_a_regime(finished, capsys):
+    root = finished
+    capsys.readouterr()
+    out = root / "cmp_mixed"
+    assert main(["compare", str(root / "plain"), str(root / "cfg.yaml"), "--regime", str(root / "pool.yaml"),
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "plain") in err and "no regime" in err and "regime 'pool'" in err
+    assert not (out / "cfg").exists()  # refused before anything trained
+
+
+def test_compare_of_run_dirs_reports_their_own_regime(finished, capsys):
+    root = finished
+    out = root / "cmp_own"
+    assert main(["compare", str(root / "pooled"), str(root / "pooled_b"), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["regime"]["name"] == "pool" and summary["regime"]["overlay"] == {"data": {"train_pool": 4}}
+    # the same run directories under --regime pool: accepted, recorded once
+    assert main(["compare", str(root / "pooled"), str(root / "pooled_b"), "--regime", str(root / "pool.yaml"),
+                 "--out", str(out), "--no-progress", "--force"]) == 0
+    # runs of two regimes without --regime: refused, both named
+    capsys.readouterr()
+    assert main(["compare", str(root / "plain"), str(root / "pooled"), "--out", str(out), "--no-progress",
+                 "--force"]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "plain") in err and str(root / "pooled") in err and "regime 'pool'" in err

@@ -53,8 +53,11 @@ class Mopps(Scorer):
         "lower": Param(float, 0.3, low=0.0, high=1.0, doc="threshold: lower edge of the band"),
         "upper": Param(float, 0.7, low=0.0, high=1.0, doc="threshold: upper edge of the band"),
         "seed": Param(int, 0, low=0, doc="seed of the Thompson draws"),
-        "success_min": Param(float, 1.0, doc="a rollout is a success when its reward is at least this (1.0: the "
-                             "authors' trainer, acc >= 1; the bus's history counts rewards above 0.5)"),
+        # Rewards lie in [0, 1] (the authors' acc): at or below 0 every rollout would be a success, above 1 none,
+        # and every posterior would drift to one end.
+        "success_min": Param(float, 1.0, low=0.0, high=1.0, low_open=True,
+                             doc="a rollout is a success when its reward is at least this (1.0: the authors' "
+                             "trainer, acc >= 1; the bus's history counts rewards above 0.5)"),
     }
     prior_alpha: float
     prior_beta: float

@@ -17,7 +17,7 @@ the selector ``exclude_solved``. Every difference from the official code is in d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -37,6 +37,9 @@ from dataflex_bus.components import (
 from dataflex_bus.errors import BatchFieldError
 from dataflex_bus.ops import segment_min
 from dataflex_bus.visits import PromptState, Visits
+
+if TYPE_CHECKING:
+    from dataflex_bus.host import HostDescription
 
 #: How committed prompts are chosen when more pass than the step still needs.
 COMMIT_ORDERS = ("arrival", "max_variance")
@@ -105,6 +108,20 @@ class PilotCommit(Allocator):
         if lower > 1.0 - upper:
             issues.append(("diversity_threshold_lower", f"diversity_threshold_lower={lower} is above 1 - "
                            f"diversity_threshold_upper = {1.0 - upper}: no pilot can pass"))
+        if values["n_commit"] > values["max_n"]:
+            issues.append(("n_commit", f"n_commit={values['n_commit']} exceeds max_n={values['max_n']}: a committed "
+                           "prompt's pilot plus commit rollouts would be refused at step 0; raise max_n"))
+        return issues
+
+    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
+        """The committed group (the pilot, the host's group size, plus ``n_commit``) must fit ``max_n``: known
+        at validation, where the first commit round would otherwise fail mid-run."""
+        issues = super().check_host(host)
+        m = host.group_size
+        if m is not None and self.n_commit <= self.max_n < m + self.n_commit:
+            issues.append(("n_commit", f"a pilot of the group size {m} (host {host.name!r}) + n_commit="
+                           f"{self.n_commit} gives a committed prompt {m + self.n_commit} rollouts, above max_n="
+                           f"{self.max_n}; raise max_n or lower n_commit"))
         return issues
 
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
@@ -176,8 +193,11 @@ class ExcludeSolved(Selector):
     accepts: ClassVar = ("prompt",)
     intended_scorers: ClassVar = ("max_solve_rate",)
     params: ClassVar = {
-        "exclude_threshold": Param(float, 1.0, doc="evict a prompt once a visit solved at least this share (the "
-                                   "official exclude_threshold_upper: 1.0, every pilot rollout right)"),
+        # A solve rate lies in [0, 1]: at 0 or below every prompt (a never-rolled-out one scores 0) would count
+        # as evicted, above 1 none ever would.
+        "exclude_threshold": Param(float, 1.0, low=0.0, high=1.0, low_open=True,
+                                   doc="evict a prompt once a visit solved at least this share (the official "
+                                   "exclude_threshold_upper: 1.0, every pilot rollout right)"),
     }
     exclude_threshold: float
 

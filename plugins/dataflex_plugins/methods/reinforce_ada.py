@@ -173,7 +173,10 @@ class AdaDownsample(Selector):
     intended_scorers: ClassVar = ("reward_difficulty",)
     params: ClassVar = {
         "final_keep": Param(int, low=1, doc="n: rows each group keeps (reinforce_ada's final_keep)"),
-        "positive_threshold": Param(float, 0.7, doc="a row is positive when its score exceeds this (the official "
+        # Rewards lie in [0, 1]: below 0 every row would be positive, at 1 or above none, and no prompt could
+        # exit balanced.
+        "positive_threshold": Param(float, 0.7, low=0.0, high=1.0, high_open=True,
+                                    doc="a row is positive when its score exceeds this (the official "
                                     "positive_threshold; reinforce_ada's scorer's success_threshold)"),
         "baseline": Param(str, "pool", choices=BASELINES, doc="pool: the mean over every generated row of the "
                           "group (global_stat_est, the official script); kept: GRPO over the kept rows"),
