@@ -29,7 +29,8 @@ BLOCK_KEYS = frozenset({"mechanism", "methods"})
 def config_host(config: dict[str, Any]) -> tuple[str, str]:
     """Which host a config file is written for, and why: ``verl`` (verl's sections), ``trl`` (``dataflex:`` alone,
     or with ``grpo:``/``prompt_tokens:`` and ``model:``; or a bare block: the forms TRL's ``dataflex=`` file and
-    doctor take), ``shim`` (anything else: a run config's ``trainer``/``model``/``data`` sections), or ``""`` for an empty file (no host said)."""
+    doctor take), ``shim`` (anything else: a run config's ``trainer``/``model``/``data`` sections), or ``""``
+    for an empty file (no host said)."""
     keys = set(config)
     if VERL_SECTIONS & keys:
         return "verl", "it has verl's sections " + ", ".join(sorted(VERL_SECTIONS & keys))
