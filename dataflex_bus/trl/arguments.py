@@ -15,6 +15,12 @@ from ..errors import ConfigError, ConfigIssue
 POSITIONAL = ("model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class")
 
 
+def field_of(args: Any, name: str, default: Any = None) -> Any:
+    """``args.name`` of a ``GRPOConfig`` (or a mapping of its fields); ``default`` when absent or ``None``."""
+    value = args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
+    return default if value is None else value
+
+
 def argument(args: Sequence[Any], kwargs: Mapping[str, Any], name: str) -> Any:
     """The value of ``GRPOTrainer`` argument ``name``, given by keyword or by position (``None``: not given)."""
     if name in kwargs:
@@ -40,4 +46,4 @@ def check_processing_class(args: Sequence[Any], kwargs: Mapping[str, Any]) -> No
             hint="pass processing_class=<your tokenizer> (docs/trl.md's quick start builds one in code)"))
 
 
-__all__ = ["POSITIONAL", "argument", "check_processing_class"]
+__all__ = ["POSITIONAL", "argument", "check_processing_class", "field_of"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigIssue
 from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
 from ..plan import Plan
+from .arguments import field_of
 
 if TYPE_CHECKING:
     from ..block import DataflexConfig
@@ -63,12 +64,6 @@ VLLM_RAGGED = ("with use_vllm=True TRL's vLLM generation makes num_generations c
                "num_generations-th prompt, so per-prompt rollout counts cannot be generated; use transformers' "
                "generation (use_vllm=False)")
 CAPABILITIES_TRL = frozenset(CAPABILITIES) - set(LACKS)
-
-
-def field_of(args: Any, name: str, default: Any = None) -> Any:
-    """``args.name`` of a ``GRPOConfig`` (or a mapping of its fields); ``default`` when absent or ``None``."""
-    value = args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
-    return default if value is None else value
 
 
 def generation_span(args: Any) -> tuple[int, int]:

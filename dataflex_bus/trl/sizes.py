@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .arguments import field_of
+
 #: The Python objects TRL and the host keep per rollout (its prompt and completion texts, token id lists, the
 #: inputs dict, logged completions): the measured per-row growth less the tensors' bytes.
 PYTHON_ROW_BYTES = 16 * 1024
@@ -83,8 +85,6 @@ def row_bytes(args: Any, shape: Mapping[str, int] | None, prompt_tokens: int = 0
     """``(bytes, basis)`` of one rollout row in a TRL step (the module doc's formula) for the ``GRPOConfig``
     ``args`` (or a mapping of its fields), the model's ``shape`` (:func:`model_shape`; ``None``: not known, only
     the stored tensors and Python objects counted, a floor) and the longest prompt."""
-    from .host import field_of
-
     c = int(field_of(args, "max_completion_length", 512))
     t = prompt_tokens + c
     spg = max(int(field_of(args, "steps_per_generation", field_of(args, "gradient_accumulation_steps", 1))), 1)
