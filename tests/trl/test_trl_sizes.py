@@ -35,7 +35,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "n
 
 # One step of `budget` rollouts, in a fresh process: the growth of its peak RSS over the step, and the estimate.
 MEASURE = """
-import json, resource, sys, tempfile
+import json, sys, tempfile
 sys.path.insert(0, sys.argv[3])
 import trl_tiny as T
 from transformers.trainer_callback import PrinterCallback
@@ -51,9 +51,16 @@ trainer = DataflexGRPOTrainer(model=T.model(tok), reward_funcs=[T.correct], proc
                               train_dataset=T.Dataset.from_list(rows), dataflex=block,
                               rollout_func=T.rollout({r["prompt"]: r["answer"] for r in rows}, width))
 trainer.remove_callback(PrinterCallback)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+# The peak is reset to the resident size first: ru_maxrss would keep a peak reached before the step (building
+# the model and trainer), and the step's growth would then read as 0.
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
 trainer.train()
-grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+grew = status("VmHWM") - before
 print(json.dumps({"grew": grew, "row_bytes": trainer.dataflex.host.row_bytes,
                   "rollouts": trainer.dataflex_metrics[-1]["dataflex/alloc/rollouts"]}))
 """
