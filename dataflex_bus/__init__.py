@@ -23,6 +23,7 @@ _EXPORTS = {
     "Reweighter": "mechanisms.reweight",
     "Reweighting": "mechanisms.reweight",
     "Mixer": "mechanisms.mix",
+    "register_component": "registry",
     "register_scorer": "registry",
     "register_selector": "registry",
     "register_reweighter": "registry",
@@ -62,6 +63,12 @@ if TYPE_CHECKING:
     from .mechanisms.select import Selection, Selector
     from .method import Method
     from .pipeline import Pipeline, build_component, build_pipeline
-    from .registry import register_mixer, register_reweighter, register_scorer, register_selector
+    from .registry import (
+        register_component,
+        register_mixer,
+        register_reweighter,
+        register_scorer,
+        register_selector,
+    )
     from .runtime import Runtime
     from .validation import validate
