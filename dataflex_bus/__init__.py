@@ -18,11 +18,12 @@ _EXPORTS = {
     "Param": "components",
     "Score": "components",
     "Scorer": "components",
-    "Selector": "components",
-    "Selection": "components",
-    "Reweighter": "components",
-    "Reweighting": "components",
-    "Mixer": "components",
+    "Selector": "mechanisms.select",
+    "Selection": "mechanisms.select",
+    "Reweighter": "mechanisms.reweight",
+    "Reweighting": "mechanisms.reweight",
+    "Mixer": "mechanisms.mix",
+    "register_component": "registry",
     "register_scorer": "registry",
     "register_selector": "registry",
     "register_reweighter": "registry",
@@ -53,22 +54,21 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .block import DataflexConfig, MethodConfig
     from .bus import EventBus
-    from .components import (
-        Component,
-        Mixer,
-        Param,
-        Reweighter,
-        Reweighting,
-        Score,
-        Scorer,
-        Selection,
-        Selector,
-    )
+    from .components import Component, Param, Score, Scorer
     from .config import apply_overrides, load_config
     from .decision import Decision
     from .discovery import get_plugins, reset_plugins
+    from .mechanisms.mix import Mixer
+    from .mechanisms.reweight import Reweighter, Reweighting
+    from .mechanisms.select import Selection, Selector
     from .method import Method
     from .pipeline import Pipeline, build_component, build_pipeline
-    from .registry import register_mixer, register_reweighter, register_scorer, register_selector
+    from .registry import (
+        register_component,
+        register_mixer,
+        register_reweighter,
+        register_scorer,
+        register_selector,
+    )
     from .runtime import Runtime
     from .validation import validate

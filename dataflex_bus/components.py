@@ -1,13 +1,18 @@
-"""The component model: what a plugin author subclasses.
+"""The component model every plugin shares: :class:`Component`, :class:`Scorer`, :class:`Actuator`.
 
-A method is one :class:`Scorer` (what to score) times one actuator: a :class:`Selector` (mechanism
-``select``), a :class:`Reweighter` (``reweight``), a :class:`Mixer` (``mix``) or an :class:`Allocator`
-(``allocate``); each mechanism is a
-registered object (:mod:`dataflex_bus.mechanisms`) naming the actuator class it takes. Components declare
-their parameters with :class:`Param`, so configs are validated before anything trains, and declare what
-they read (``requires``), when they can run (``timing``) and what shape their output has
-(``granularity``), so the bus can wire them to the right training event and refuse combinations that
-cannot work.
+A method is one :class:`Scorer` (what to score) times one actuator under a mechanism; each mechanism is a
+registered object in its own module of :mod:`dataflex_bus.mechanisms`, beside the actuator base its plugins
+subclass and that base's output types (``mechanisms/select.py``: :class:`Selector`, :class:`Selection`;
+``reweight.py``: :class:`Reweighter`; ``mix.py``: :class:`Mixer`; ``replay.py``: :class:`Replayer`;
+``allocate.py``: :class:`Allocator`, :class:`Budget`). This module holds what every component shares:
+parameters declared with :class:`Param` (so configs are validated before anything trains), what a component
+reads (``requires``, :func:`reads`), when it can run (``timing``, :data:`TIMINGS`) and what shape its output
+has (``granularity``, :class:`Score`), so the bus can wire it to the right training event and refuse
+combinations that cannot work; and the checks the bus runs on what components return and declare
+(:func:`as_score`, :func:`without_grad`, :func:`class_attribute_problems`).
+
+The actuator bases and their output types stay importable from here (``from dataflex_bus.components import
+Selector``), loaded from their mechanism's module on first use.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ._lazy import lazy_exports
 from .errors import BatchFieldError, ConfigIssue
 from .schema import Param, check_section
 
@@ -25,7 +31,39 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .block import MethodConfig
     from .host import HostDescription
+
+    # Re-exported for packs written against this module (the names come from _MOVED below, at run time).
+    from .mechanisms.allocate import ALLOCATION_PARAMS as ALLOCATION_PARAMS
+    from .mechanisms.allocate import Allocation as Allocation
+    from .mechanisms.allocate import Allocator as Allocator
+    from .mechanisms.allocate import Budget as Budget
+    from .mechanisms.mix import Mixer as Mixer
+    from .mechanisms.replay import REPLAY_ADVANTAGES as REPLAY_ADVANTAGES
+    from .mechanisms.replay import REPLAY_CORRECTIONS as REPLAY_CORRECTIONS
+    from .mechanisms.replay import REPLAY_UNITS as REPLAY_UNITS
+    from .mechanisms.replay import Replayer as Replayer
+    from .mechanisms.replay import ReplayPick as ReplayPick
+    from .mechanisms.replay import ReplayPool as ReplayPool
+    from .mechanisms.replay import ReplaySettings as ReplaySettings
+    from .mechanisms.reweight import Reweighter as Reweighter
+    from .mechanisms.reweight import Reweighting as Reweighting
+    from .mechanisms.select import Selection as Selection
+    from .mechanisms.select import Selector as Selector
     from .visits import PromptState, VisitClasses, Visits
+
+#: Each actuator base and output type, by the module of :mod:`dataflex_bus.mechanisms` that defines it: kept
+#: importable from here (a module ``__getattr__``, so importing this module does not load the mechanisms, which
+#: import it).
+_MOVED = {
+    **dict.fromkeys(("Selection", "Selector"), "select"),
+    **dict.fromkeys(("Reweighting", "Reweighter"), "reweight"),
+    **dict.fromkeys(("Mixer",), "mix"),
+    **dict.fromkeys(("REPLAY_UNITS", "REPLAY_ADVANTAGES", "REPLAY_CORRECTIONS", "ReplaySettings", "ReplayPool",
+                     "ReplayPick", "Replayer"), "replay"),
+    **dict.fromkeys(("Budget", "Allocation", "ALLOCATION_PARAMS", "Allocator"), "allocate"),
+}
+__getattr__ = lazy_exports(__name__, {name: f"mechanisms.{home}" for name, home in _MOVED.items()},
+                           base=__package__)
 
 #: Scorer timings, in the order the training loop reaches them, and the bus event each maps to.
 #: ``pre_rollout`` scorers read only what is known about a prompt before generating for it (its id,
@@ -199,332 +237,10 @@ class Actuator(Component):
         return []
 
 
-@dataclass
-class Selection:
-    """A selector's output: ``keep`` is bool ``[B]`` (padding rows are never kept).
-
-    Subset selectors that keep part of a group also return the recomputed ``advantages`` ``[B, T]``. A token
-    selector (:attr:`Selector.selects_tokens`) returns ``tokens``, bool ``[B, T]``: the response tokens whose
-    policy-gradient term trains, with ``keep`` the rows left with a kept token; ``token_weights`` (float
-    ``[B, T]``, ``None``: 1) multiply the kept tokens' loss (its normalisation, e.g. ``N / K``); ``mask_kl``
-    asks for the tokens left out to leave the KL and entropy terms too.
-    """
-
-    keep: Tensor
-    advantages: Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    tokens: Tensor | None = None
-    token_weights: Tensor | None = None
-    mask_kl: bool = False
-
-
-class Selector(Actuator):
-    """Mechanism ``select``: which rows enter the update (at ``on_prompts``: which candidate prompts are
-    generated)."""
-
-    kind: ClassVar[str] = "selector"
-    #: A selection only needs its score: fed a ``pre_rollout`` score it acts before generation.
-    min_timing: ClassVar[str] = "pre_rollout"
-    #: Returns recomputed ``advantages`` over the rows it keeps (a subset selector such as PODS).
-    rewrites_advantages: ClassVar[bool] = False
-    #: Drops exactly the zero-variance groups (what verl's own ``algorithm.filter_groups`` evicts).
-    filters_zero_variance: ClassVar[bool] = False
-    #: Selects response tokens, not rows (fed token-level scores; acts at ``on_advantage``): its
-    #: :class:`Selection` holds ``tokens``.
-    selects_tokens: ClassVar[bool] = False
-
-    def candidates_per_prompt(self) -> float:
-        """Candidates this selection wants to compare per prompt it keeps, in one draw (a top-B selector over a
-        pool of ``ratio x B``); the host kit draws that many at once (bounded by ``dataflex.max_oversample``)."""
-        return 1.0
-
-    @classmethod
-    def keeps_whole_groups(cls, granularity: str) -> bool:
-        """True if, fed scores of ``granularity``, this selector always keeps or drops whole groups.
-
-        Only such a selection may run at ``on_rollout``: dropping single rows before the advantage is
-        computed would change the GRPO baseline of the rows left in their group. Any other selection runs
-        at ``on_advantage``, where a dropped row is masked out of the loss after its group's advantage.
-        """
-        return False
-
-    def select(self, batch: Batch, score: Score, step: int) -> Selection:
-        raise NotImplementedError(f"{type(self).__name__}.select")
-
-
-@dataclass
-class Reweighting:
-    """A reweighter's output: non-negative finite weights ``[B]`` or ``[B, T]``, multiplied into the loss."""
-
-    weights: Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class Reweighter(Actuator):
-    """Mechanism ``reweight``: per-token loss weights (multiplied into ``rollout_is_weights``)."""
-
-    kind: ClassVar[str] = "reweighter"
-    min_timing: ClassVar[str] = "post_advantage"
-    accepts: ClassVar[Sequence[str]] = ("prompt", "response", "token")
-
-    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
-        raise NotImplementedError(f"{type(self).__name__}.reweight")
-
-
-class Mixer(Actuator):
-    """Mechanism ``mix``: sampling probabilities over domains for the *next* prompts.
-
-    The host calls :meth:`set_domains` once with the dataset's domain names, :meth:`update` at the end
-    of each step with that step's batch and score, and :meth:`probabilities` when it draws prompts.
-    """
-
-    kind: ClassVar[str] = "mixer"
-    accepts: ClassVar[Sequence[str]] = ("prompt", "response", "domain")
-
-    domains: list[str]
-
-    def set_domains(self, domains: Sequence[str]) -> None:
-        self.domains = list(domains)
-
-    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
-        """Fold this step's statistics in; returns metrics."""
-        raise NotImplementedError(f"{type(self).__name__}.update")
-
-    def probabilities(self) -> Tensor:
-        """Float ``[D]`` summing to 1, aligned with ``self.domains``."""
-        raise NotImplementedError(f"{type(self).__name__}.probabilities")
-
-
-#: How a replayer's rows enter a step (:class:`ReplaySettings`): the values each setting may take.
-REPLAY_UNITS = ("group", "prompt")
-REPLAY_ADVANTAGES = ("own_group", "split", "mixed")
-REPLAY_CORRECTIONS = ("decoupled", "behaviour")
-
-
-@dataclass(frozen=True)
-class ReplaySettings:
-    """What the host kit does with a replayer's buffer (read once, when the run starts).
-
-    ``unit``: ``group`` replays whole stored groups in the step's place of fresh ones (DOTS: the step
-    generates ``fresh_fraction`` of its prompts and fills the rest from the buffer); ``prompt`` replays, for
-    each prompt the step generates, up to ``replays`` of its stored rows once ``min_to_replay`` are stored
-    (RePO; the step's fresh prompts are all generated). ``advantage``: the groups replayed rows are normalised
-    in by the host's GRPO pass: ``own_group`` (the rows they were generated with), ``split`` (the replayed rows
-    of one prompt together, apart from its fresh rows), ``mixed`` (with the fresh rows of their prompt).
-    ``correction``: ``decoupled`` weights every row by ``min(pi_old / mu, is_cap)`` (decoupled PPO with
-    truncation, DOTS), ``behaviour`` clips the ratio against the stored behaviour log-probs ``mu`` instead of
-    ``pi_old`` (``old_log_probs <- mu`` on replayed rows, RePO). ``capacity``: rows stored at most (the oldest
-    groups leave first); ``per_prompt``: rows per prompt at most (0: no bound); ``max_age_steps``: a record
-    older than this many steps is evicted (0: never); ``dedup``: keep only each prompt's newest group;
-    ``off_policy_coef``: a factor on the loss of replayed rows (RePO's ``c_off``).
-    """
-
-    unit: str = "group"
-    advantage: str = "own_group"
-    correction: str = "decoupled"
-    capacity: int = 4096
-    per_prompt: int = 0
-    min_to_replay: int = 1
-    replays: int = 8
-    max_age_steps: int = 0
-    fresh_fraction: float = 1.0
-    dedup: bool = False
-    is_cap: float = 2.0
-    off_policy_coef: float = 1.0
-
-
-@dataclass
-class ReplayPool:
-    """The stored rows a replayer may pick from at one step, grouped in ``num_segments`` segments.
-
-    Unit ``prompt``: a segment is one prompt the step generates (in the order of its fresh groups), holding
-    that prompt's stored rows, oldest first; ``want[s]`` rows are to be picked from segment ``s``. Unit
-    ``group``: a segment is one stored group (oldest first), ``groups`` of them are to be picked, whole.
-    Per row: ``reward`` (stored, never re-scored), ``priority`` (the scorer's value when the row was stored),
-    ``seq`` (insertion order, larger is newer) and ``age`` (steps since it was generated).
-    """
-
-    segment: Tensor
-    num_segments: int
-    want: Tensor
-    groups: int
-    reward: Tensor
-    priority: Tensor
-    seq: Tensor
-    age: Tensor
-
-
-@dataclass
-class ReplayPick:
-    """A replayer's choice: ``rows`` (long, indices into the pool, in training order) and optional per-row
-    importance ``weights`` (non-uniform sampling: PER's ``(N P(i))^-beta / max``), multiplied into the loss."""
-
-    rows: Tensor
-    weights: Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class Replayer(Actuator):
-    """Mechanism ``replay``: which fresh rows enter the run's buffer (at ``on_advantage``, with their score as
-    priority) and which stored rows a later step trains on again (picked before its old log-probs).
-
-    The host kit keeps the buffer (:mod:`dataflex_bus.replay`); a replayer says how (:meth:`settings`), what to
-    store (:meth:`store`, default every fresh row) and what to replay (:meth:`pick`).
-    """
-
-    kind: ClassVar[str] = "replayer"
-    min_timing: ClassVar[str] = "post_reward"
-    accepts: ClassVar[Sequence[str]] = ("prompt", "response")
-    #: The behaviour log-probs (mu) and the advantages of what it stores.
-    requires: ClassVar[Sequence[str]] = ("rollout_log_probs", "old_log_probs", "advantages", "uid")
-    needs_groups: ClassVar[bool] = True
-
-    def settings(self) -> ReplaySettings:
-        return ReplaySettings()
-
-    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
-        """The buffer fits this machine (its columns are preallocated) and holds at least one group, else
-        nothing it stores could ever be replayed."""
-        from .memory import beyond_memory
-        from .replay_store import preallocated_bytes
-
-        s = self.settings()
-        issues = super().check_host(host)
-        refusal = beyond_memory(preallocated_bytes(s.capacity), f"capacity={s.capacity:,} stored rows",
-                                "lower capacity", host.memory_limit)
-        if refusal:
-            return [*issues, ("capacity", refusal)]
-        n = host.group_size
-        if n is not None and s.capacity < n:
-            issues.append(("capacity", f"capacity={s.capacity} rows holds less than one group of {n} rollouts "
-                           f"(host {host.name!r}), so no group is ever stored whole and nothing is replayed; set "
-                           f"capacity >= {n}"))
-        return issues
-
-    def host_warnings(self, host: HostDescription) -> list[tuple[str, str]]:
-        """Under unit ``group``, a buffer holding fewer rows than one step replays: a step replays at most what it
-        holds and generates the rest fresh, so ``fresh_fraction`` is never reached."""
-        s = self.settings()
-        n, prompts = host.group_size, host.prompts_per_step
-        if n is None or prompts is None or s.unit != "group" or s.capacity < n:
-            return []
-        groups = self.replay_groups(int(prompts), int(prompts), 0)
-        if s.capacity >= groups * n:
-            return []
-        return [("capacity", f"capacity={s.capacity} rows holds {s.capacity // n} of the {groups} groups of {n} "
-                 f"one step replays (unit group, fresh_fraction={s.fresh_fraction} of {prompts} prompts on host "
-                 f"{host.name!r}), so a step generates the rest fresh; set capacity >= {groups * n} for the whole "
-                 "share")]
-
-    def store(self, batch: Batch, score: Score, step: int) -> Tensor:
-        """Bool ``[B]``: the rows to store (the kit stores only fresh real rows whatever this says)."""
-        return batch.valid_rows
-
-    def replay_groups(self, target: int, available: int, step: int) -> int:
-        """Unit ``group``: how many stored groups replace fresh ones in a step of ``target`` groups, given
-        ``available`` eligible stored groups (default: ``(1 - fresh_fraction)`` of the step, as many as there are)."""
-        s = self.settings()
-        wanted = int((1.0 - s.fresh_fraction) * target + 0.5)
-        return max(0, min(wanted, available, target - 1))
-
-    def pick(self, pool: ReplayPool, step: int) -> ReplayPick:
-        raise NotImplementedError(f"{type(self).__name__}.pick")
-
-
 def reads(component: Component) -> tuple[str, ...]:
     """The batch fields a built component reads (:meth:`Component.requires_for` its parameters)."""
     # getattr: a component whose __init__ skipped Component's has no checked parameters to add fields.
     return tuple(type(component).requires_for(getattr(component, "config", {})))
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What an allocator may spend at one event (the host kit fills it in).
-
-    ``rollouts``: the budget ``T`` (the method's ``budget``, default ``prompts x group_size``: plain GRPO's
-    step); ``prompts``: the groups the step still needs from this batch (``B``); ``group_size``: the host's
-    responses per prompt (``G``: verl's ``rollout.n``, the shim's ``trainer.group_size``); ``round``: the
-    generation round of the batch's groups (0: the first; at ``on_rollout`` a continuation counts up).
-    """
-
-    rollouts: int
-    prompts: int
-    group_size: int
-    round: int = 0
-
-
-@dataclass
-class Allocation:
-    """An allocator's output: ``counts`` long ``[B]``, one per row (at ``on_prompts`` a row is a candidate;
-    at ``on_rollout`` every row of a group carries the group's count of *more* rollouts), 0 = none.
-    ``keep`` (bool ``[B]``, ``on_rollout`` only): the groups to go on with (``None``: all)."""
-
-    counts: Tensor
-    keep: Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-#: Parameters every allocator takes (subclasses extend them: ``params = {**ALLOCATION_PARAMS, ...}``).
-ALLOCATION_PARAMS: dict[str, Param] = {
-    "budget": Param((int, type(None)), None, low=1,
-                    doc="rollouts per step (at on_prompts); default prompts_per_step x group_size, plain GRPO's"),
-    "exact_budget": Param(bool, True, doc="spend the budget exactly (else at most)"),
-    "min_n": Param(int, 2, low=1, doc="fewest rollouts of a prompt that is generated at all"),
-    "max_n": Param(int, 128, low=1, doc="most rollouts of one prompt in a step"),
-    "singletons": Param(bool, False, doc="allow groups of one rollout (min_n=1): GRPO gives them A = r, not 0"),
-}
-
-
-class Allocator(Actuator):
-    """Mechanism ``allocate``: how many rollouts each prompt gets (0: skip it).
-
-    Fed a ``pre_rollout`` score it acts at ``on_prompts`` and returns one count per candidate under the
-    :class:`Budget`; fed a ``post_reward`` score it acts at ``on_rollout`` after each generation round and
-    returns how many *more* rollouts each group gets (a continuation round appended to the same groups,
-    SPEED), and which groups go on. The bus checks every count against :meth:`rules`.
-    """
-
-    kind: ClassVar[str] = "allocator"
-    min_timing: ClassVar[str] = "pre_rollout"
-    accepts: ClassVar[Sequence[str]] = ("prompt",)
-    params: ClassVar[Mapping[str, Param]] = ALLOCATION_PARAMS
-    #: Generation rounds a group may have in one step (1: no continuation; an on_rollout allocator sets more).
-    rounds: ClassVar[int] = 1
-
-    budget: int | None
-    exact_budget: bool
-    min_n: int
-    max_n: int
-    singletons: bool
-
-    @classmethod
-    def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
-        if values["min_n"] > values["max_n"]:
-            return [("min_n", f"min_n={values['min_n']} must be <= max_n={values['max_n']}")]
-        if values["min_n"] < 2 and not values["singletons"]:
-            return [("min_n", f"min_n={values['min_n']} allows groups of one rollout, whose GRPO advantage is "
-                     "r / (1 + eps), not 0 (verl's singleton rule); use min_n >= 2 or set singletons: true")]
-        return []
-
-    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
-        """A ``budget`` (rollouts per step) or ``max_n`` (rollouts of one prompt) this machine cannot hold at what a
-        row takes on the host (:attr:`~dataflex_bus.host.HostDescription.row_bytes`, else the floor
-        :data:`~dataflex_bus.memory.ROLLOUT_ROW_BYTES`) is refused before a step tries to generate it."""
-        from .memory import beyond_memory, format_bytes, rollout_row
-
-        issues = super().check_host(host)
-        row, basis = rollout_row(host)
-        for name, value, what in (("budget", self.budget, "rollouts per step"),
-                                  ("max_n", self.max_n, "rollouts of one prompt")):
-            refusal = None if value is None else beyond_memory(
-                int(value) * row, f"{name}={value:,} {what} (at {format_bytes(row)} a row on host {host.name!r}: "
-                f"{basis})", f"lower {name}", host.memory_limit)
-            if refusal:
-                issues.append((name, refusal))
-        return issues
-
-    def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
-        raise NotImplementedError(f"{type(self).__name__}.allocate")
 
 
 # ---------------------------------------------------------------------------- checks the bus relies on

@@ -17,9 +17,10 @@ import torch
 
 from .block import MethodConfig
 from .bus import BatchWatch, guarded_call
-from .components import Actuator, Mixer, Score, Scorer, as_score, reads
+from .components import Actuator, Score, Scorer, as_score, reads
 from .errors import BatchFieldError, DataflexError
 from .mechanisms import mechanism
+from .mechanisms.mix import Mixer
 
 if TYPE_CHECKING:
     from torch import Tensor

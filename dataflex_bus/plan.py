@@ -56,8 +56,9 @@ class Plan:
         """The plan of a validated block (``None``: plain GRPO, nothing asked); ``key``: the block's config key."""
         if config is None:
             return cls()
-        from .components import Allocator, Replayer
         from .mechanisms import mechanism
+        from .mechanisms.allocate import Allocator
+        from .mechanisms.replay import Replayer
         from .validation import method_keys
 
         parts: dict[str, list[str]] = {name: [] for name in WHY}

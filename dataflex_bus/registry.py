@@ -293,12 +293,26 @@ class Registry:
 
 
 # ---------------------------------------------------------------------------- in-process registration
-def _decorator(kind: str, name: str | None, summary: str) -> Callable[[type[Component]], type[Component]]:
+def _decorator(kind: str | None, name: str | None, summary: str) -> Callable[[type[Component]], type[Component]]:
+    """Register the decorated class as a ``kind`` (``None``: the class's own ``kind``)."""
+
     def wrap(cls: type[Component]) -> type[Component]:
-        register_local(kind, name or cls.__name__, cls, summary=summary or (cls.__doc__ or "").strip())
+        own = kind if kind is not None else getattr(cls, "kind", "")
+        if kind is None and own not in component_kinds():
+            raise ValueError(f"register_component(): {getattr(cls, '__name__', cls)!r} has kind {own!r}, not one of "
+                             f"{', '.join(component_kinds())}: subclass Scorer or a mechanism's actuator base")
+        register_local(own, name or cls.__name__, cls, summary=summary or (cls.__doc__ or "").strip())
         return cls
 
     return wrap
+
+
+def register_component(name: str | None = None, *,
+                       summary: str = "") -> Callable[[type[Component]], type[Component]]:
+    """Class decorator: make a component available by ``name`` in this process, as the kind its class declares
+    (``Scorer.kind`` or its mechanism's actuator kind: ``selector``, ``reweighter``, ``mixer``, ``replayer``,
+    ``allocator``). The ``register_<kind>`` decorators below name the kind again, for code written before it."""
+    return _decorator(None, name, summary)
 
 
 def register_scorer(name: str | None = None, *, summary: str = "") -> Callable[[type[Component]], type[Component]]:

@@ -27,17 +27,16 @@ import torch
 from torch import Tensor
 
 from .batch import Batch
-from .components import ReplayPick, ReplayPool, ReplaySettings
 from .errors import BatchFieldError
-from .mechanisms.replay import VERSION_FIELD
+from .mechanisms.replay import VERSION_FIELD, ReplayPick, ReplayPool, ReplaySettings
 from .ops import segment_count, segment_max, segment_min
 from .replay_store import Record, ReplayStore, pad_to, preallocated_bytes, take_rows
 
 if TYPE_CHECKING:
-    from .components import Replayer
     from .decision import ReplayDecision
     from .history import PromptTable
     from .host import HostDescription
+    from .mechanisms.replay import Replayer
 
 #: Bound on ``|log pi_old - log mu|`` before exponentiating (verl's ``SAFETY_BOUND`` in rollout correction).
 LOG_RATIO_BOUND = 20.0

@@ -16,13 +16,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .block import DataflexConfig
 from .bus import EventBus
-from .components import Allocator, Replayer, Selector, reads
+from .components import reads
 from .confdiff import resume_refusal
 from .decision import Decision
 from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
 from .hookspecs import EVENTS
 from .host import ANY_HOST, HostDescription
+from .mechanisms.allocate import Allocator
+from .mechanisms.replay import Replayer, ReplaySettings
+from .mechanisms.select import Selector
 from .pipeline import Pipeline, build_pipeline
 from .plan import Plan
 
@@ -31,7 +34,6 @@ if TYPE_CHECKING:
 
     from .batch import Batch
     from .block import RefillConfig
-    from .components import ReplaySettings
     from .history import PromptHistory, PromptTable
     from .method import Method
     from .replay import Replay

@@ -195,7 +195,7 @@ def skipped_summary(runtime: Runtime, metrics: Sequence[Mapping[str, float]]) ->
     metrics), naming each selection and the share of the rows it kept (its ``kept_fraction``, averaged over
     the steps); ``None`` when at most half were skipped. A run that trains nothing otherwise ends like one
     that trained (exit 0, the host's usual logs)."""
-    from .components import Selector
+    from .mechanisms.select import Selector
 
     steps = len(metrics)
     skipped = sum(1 for m in metrics if m.get("dataflex/skipped_update", 0.0) > 0)

@@ -15,11 +15,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .block import DataflexConfig, MethodConfig, Resolved
-from .components import TIMINGS, Actuator, Allocator, Scorer, Selector, as_score, resolve_params
+from .components import TIMINGS, Actuator, Scorer, as_score, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
 from .host import ANY_HOST, GROUP_ESTIMATORS, NON_GROUP_ESTIMATORS, HostDescription
 from .mechanisms import mechanism, mechanisms
+from .mechanisms.allocate import Allocator
 from .mechanisms.base import Need
+from .mechanisms.select import Selector
 from .visits import VisitClasses
 
 if TYPE_CHECKING:

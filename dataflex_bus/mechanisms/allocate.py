@@ -12,17 +12,20 @@ never a group of one unless the allocator allows it) and the host kit carries th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..components import Actuator, Allocation, Allocator, Budget, Scorer
+from ..components import Actuator, Scorer
 from ..errors import BatchFieldError, ConfigIssue
+from ..schema import Param
 from .base import Mechanism, MethodRun, MethodSettings, Need, latest_event, timing_after
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from ..batch import Batch
+    from ..components import Score
     from ..decision import Decision
     from ..host import HostDescription
 
@@ -32,6 +35,96 @@ ROUND_FIELD = "budget_round"
 #: What the refusal on a host without ragged groups offers instead.
 ALTERNATIVE = ("select prompts with a pre_rollout selector instead (e.g. mopps or greso), which keeps "
                "the host's group size")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What an allocator may spend at one event (the host kit fills it in).
+
+    ``rollouts``: the budget ``T`` (the method's ``budget``, default ``prompts x group_size``: plain GRPO's
+    step); ``prompts``: the groups the step still needs from this batch (``B``); ``group_size``: the host's
+    responses per prompt (``G``: verl's ``rollout.n``, the shim's ``trainer.group_size``); ``round``: the
+    generation round of the batch's groups (0: the first; at ``on_rollout`` a continuation counts up).
+    """
+
+    rollouts: int
+    prompts: int
+    group_size: int
+    round: int = 0
+
+
+@dataclass
+class Allocation:
+    """An allocator's output: ``counts`` long ``[B]``, one per row (at ``on_prompts`` a row is a candidate;
+    at ``on_rollout`` every row of a group carries the group's count of *more* rollouts), 0 = none.
+    ``keep`` (bool ``[B]``, ``on_rollout`` only): the groups to go on with (``None``: all)."""
+
+    counts: Tensor
+    keep: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+#: Parameters every allocator takes (subclasses extend them: ``params = {**ALLOCATION_PARAMS, ...}``).
+ALLOCATION_PARAMS: dict[str, Param] = {
+    "budget": Param((int, type(None)), None, low=1,
+                    doc="rollouts per step (at on_prompts); default prompts_per_step x group_size, plain GRPO's"),
+    "exact_budget": Param(bool, True, doc="spend the budget exactly (else at most)"),
+    "min_n": Param(int, 2, low=1, doc="fewest rollouts of a prompt that is generated at all"),
+    "max_n": Param(int, 128, low=1, doc="most rollouts of one prompt in a step"),
+    "singletons": Param(bool, False, doc="allow groups of one rollout (min_n=1): GRPO gives them A = r, not 0"),
+}
+
+
+class Allocator(Actuator):
+    """Mechanism ``allocate``: how many rollouts each prompt gets (0: skip it).
+
+    Fed a ``pre_rollout`` score it acts at ``on_prompts`` and returns one count per candidate under the
+    :class:`Budget`; fed a ``post_reward`` score it acts at ``on_rollout`` after each generation round and
+    returns how many *more* rollouts each group gets (a continuation round appended to the same groups,
+    SPEED), and which groups go on. The bus checks every count against :meth:`rules`.
+    """
+
+    kind: ClassVar[str] = "allocator"
+    min_timing: ClassVar[str] = "pre_rollout"
+    accepts: ClassVar[Sequence[str]] = ("prompt",)
+    params: ClassVar[Mapping[str, Param]] = ALLOCATION_PARAMS
+    #: Generation rounds a group may have in one step (1: no continuation; an on_rollout allocator sets more).
+    rounds: ClassVar[int] = 1
+
+    budget: int | None
+    exact_budget: bool
+    min_n: int
+    max_n: int
+    singletons: bool
+
+    @classmethod
+    def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        if values["min_n"] > values["max_n"]:
+            return [("min_n", f"min_n={values['min_n']} must be <= max_n={values['max_n']}")]
+        if values["min_n"] < 2 and not values["singletons"]:
+            return [("min_n", f"min_n={values['min_n']} allows groups of one rollout, whose GRPO advantage is "
+                     "r / (1 + eps), not 0 (verl's singleton rule); use min_n >= 2 or set singletons: true")]
+        return []
+
+    def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
+        """A ``budget`` (rollouts per step) or ``max_n`` (rollouts of one prompt) this machine cannot hold at what a
+        row takes on the host (:attr:`~dataflex_bus.host.HostDescription.row_bytes`, else the floor
+        :data:`~dataflex_bus.memory.ROLLOUT_ROW_BYTES`) is refused before a step tries to generate it."""
+        from ..memory import beyond_memory, format_bytes, rollout_row
+
+        issues = super().check_host(host)
+        row, basis = rollout_row(host)
+        for name, value, what in (("budget", self.budget, "rollouts per step"),
+                                  ("max_n", self.max_n, "rollouts of one prompt")):
+            refusal = None if value is None else beyond_memory(
+                int(value) * row, f"{name}={value:,} {what} (at {format_bytes(row)} a row on host {host.name!r}: "
+                f"{basis})", f"lower {name}", host.memory_limit)
+            if refusal:
+                issues.append((name, refusal))
+        return issues
+
+    def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
+        raise NotImplementedError(f"{type(self).__name__}.allocate")
 
 
 class Allocate(Mechanism):

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from ..components import Actuator, Mixer, Scorer
+from ..components import Actuator, Scorer
 from ..errors import BatchFieldError, ConfigError, ConfigIssue
 from .base import Mechanism, MethodRun, MethodSettings, Need
 
@@ -19,9 +19,34 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ..batch import Batch
+    from ..components import Score
     from ..decision import Decision
 
 log = logging.getLogger("dataflex_bus")
+
+
+class Mixer(Actuator):
+    """Mechanism ``mix``: sampling probabilities over domains for the *next* prompts.
+
+    The host calls :meth:`set_domains` once with the dataset's domain names, :meth:`update` at the end
+    of each step with that step's batch and score, and :meth:`probabilities` when it draws prompts.
+    """
+
+    kind: ClassVar[str] = "mixer"
+    accepts: ClassVar[Sequence[str]] = ("prompt", "response", "domain")
+
+    domains: list[str]
+
+    def set_domains(self, domains: Sequence[str]) -> None:
+        self.domains = list(domains)
+
+    def update(self, batch: Batch, score: Score, step: int) -> dict[str, float]:
+        """Fold this step's statistics in; returns metrics."""
+        raise NotImplementedError(f"{type(self).__name__}.update")
+
+    def probabilities(self) -> Tensor:
+        """Float ``[D]`` summing to 1, aligned with ``self.domains``."""
+        raise NotImplementedError(f"{type(self).__name__}.probabilities")
 
 
 class Mix(Mechanism):

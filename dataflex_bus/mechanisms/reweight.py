@@ -8,16 +8,40 @@ neutral weight.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from ..components import Actuator, Reweighter, Scorer
+from ..components import Actuator, Scorer
 from ..errors import ConfigIssue
 from .base import Mechanism, MethodRun, MethodSettings, Need
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from ..batch import Batch
+    from ..components import Score
     from ..decision import Decision
     from ..host import HostDescription
+
+
+@dataclass
+class Reweighting:
+    """A reweighter's output: non-negative finite weights ``[B]`` or ``[B, T]``, multiplied into the loss."""
+
+    weights: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Reweighter(Actuator):
+    """Mechanism ``reweight``: per-token loss weights (multiplied into ``rollout_is_weights``)."""
+
+    kind: ClassVar[str] = "reweighter"
+    min_timing: ClassVar[str] = "post_advantage"
+    accepts: ClassVar[Sequence[str]] = ("prompt", "response", "token")
+
+    def reweight(self, batch: Batch, score: Score, step: int) -> Reweighting:
+        raise NotImplementedError(f"{type(self).__name__}.reweight")
 
 
 class Reweight(Mechanism):

@@ -13,9 +13,10 @@ rest). Subset selectors (PODS) also return advantages recomputed over the rows t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from ..components import Actuator, Scorer, Selection, Selector
+from ..components import Actuator, Scorer
 from ..errors import BatchFieldError, ConfigIssue
 from .base import Mechanism, MethodRun, MethodSettings, Need, latest_event, timing_after
 
@@ -23,8 +24,62 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ..batch import Batch
+    from ..components import Score
     from ..decision import Decision
     from ..host import HostDescription
+
+
+@dataclass
+class Selection:
+    """A selector's output: ``keep`` is bool ``[B]`` (padding rows are never kept).
+
+    Subset selectors that keep part of a group also return the recomputed ``advantages`` ``[B, T]``. A token
+    selector (:attr:`Selector.selects_tokens`) returns ``tokens``, bool ``[B, T]``: the response tokens whose
+    policy-gradient term trains, with ``keep`` the rows left with a kept token; ``token_weights`` (float
+    ``[B, T]``, ``None``: 1) multiply the kept tokens' loss (its normalisation, e.g. ``N / K``); ``mask_kl``
+    asks for the tokens left out to leave the KL and entropy terms too.
+    """
+
+    keep: Tensor
+    advantages: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    tokens: Tensor | None = None
+    token_weights: Tensor | None = None
+    mask_kl: bool = False
+
+
+class Selector(Actuator):
+    """Mechanism ``select``: which rows enter the update (at ``on_prompts``: which candidate prompts are
+    generated)."""
+
+    kind: ClassVar[str] = "selector"
+    #: A selection only needs its score: fed a ``pre_rollout`` score it acts before generation.
+    min_timing: ClassVar[str] = "pre_rollout"
+    #: Returns recomputed ``advantages`` over the rows it keeps (a subset selector such as PODS).
+    rewrites_advantages: ClassVar[bool] = False
+    #: Drops exactly the zero-variance groups (what verl's own ``algorithm.filter_groups`` evicts).
+    filters_zero_variance: ClassVar[bool] = False
+    #: Selects response tokens, not rows (fed token-level scores; acts at ``on_advantage``): its
+    #: :class:`Selection` holds ``tokens``.
+    selects_tokens: ClassVar[bool] = False
+
+    def candidates_per_prompt(self) -> float:
+        """Candidates this selection wants to compare per prompt it keeps, in one draw (a top-B selector over a
+        pool of ``ratio x B``); the host kit draws that many at once (bounded by ``dataflex.max_oversample``)."""
+        return 1.0
+
+    @classmethod
+    def keeps_whole_groups(cls, granularity: str) -> bool:
+        """True if, fed scores of ``granularity``, this selector always keeps or drops whole groups.
+
+        Only such a selection may run at ``on_rollout``: dropping single rows before the advantage is
+        computed would change the GRPO baseline of the rows left in their group. Any other selection runs
+        at ``on_advantage``, where a dropped row is masked out of the loss after its group's advantage.
+        """
+        return False
+
+    def select(self, batch: Batch, score: Score, step: int) -> Selection:
+        raise NotImplementedError(f"{type(self).__name__}.select")
 
 
 class Select(Mechanism):

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from ..components import GRANULARITIES, TIMINGS, Component, Mixer, Reweighter, Score, Scorer, Selector
+from ..components import GRANULARITIES, TIMINGS, Component, Score, Scorer
+from ..mechanisms.mix import Mixer
+from ..mechanisms.reweight import Reweighter
+from ..mechanisms.select import Selector
 from .factories import make_batch, make_prompt_batch
 
 if TYPE_CHECKING:
@@ -129,7 +132,7 @@ def _score_for(scorer: Scorer | Score | None, batch: Batch, step: int) -> Score:
 
 def check_selector(selector: Selector | type[Selector], batch: Batch | None = None,
                    scorer: Scorer | Score | None = None, *, step: int = 0) -> Any:
-    """Assert the selector contract; returns the :class:`~dataflex_bus.components.Selection`.
+    """Assert the selector contract; returns the :class:`~dataflex_bus.mechanisms.select.Selection`.
 
     ``scorer`` may be a scorer, a ready :class:`Score`, or omitted (the outcome reward per row).
     """
@@ -157,7 +160,7 @@ def check_selector(selector: Selector | type[Selector], batch: Batch | None = No
 
 def check_reweighter(reweighter: Reweighter | type[Reweighter], batch: Batch | None = None,
                      scorer: Scorer | Score | None = None, *, step: int = 0) -> Any:
-    """Assert the reweighter contract; returns the :class:`~dataflex_bus.components.Reweighting`."""
+    """Assert the reweighter contract; returns the :class:`~dataflex_bus.mechanisms.reweight.Reweighting`."""
     reweighter = _instance(reweighter)
     who = _label(reweighter)
     batch = batch if batch is not None else _default_batch()

@@ -5,7 +5,7 @@ keeps past rows. The TRL host always runs TRL's method once more on a step's kep
 :mod:`~dataflex_bus.trl.passes`, its generation and rewards given), so a stored row joins there, as a row of
 a round of its own (:func:`stored_round`): TRL pads it, computes its old and reference log-probs with the
 current policy and its advantage over its group (the kit's groups: its own, its prompt's, or its prompt's
-fresh group, per :class:`~dataflex_bus.components.ReplaySettings`). What TRL needs of a row to train it again is
+fresh group, per :class:`~dataflex_bus.mechanisms.replay.ReplaySettings`). What TRL needs of a row to train it again is
 kept beside the store as one object per row (:func:`stored_object`): its token ids, completion, dataset row,
 every reward function's value and what the reward functions logged for it.
 

@@ -224,7 +224,7 @@ def replay_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> li
     against the stored behaviour log-probs instead and would be weighted twice under any ``rollout_is``. Either way
     the batch must reach verl's old-log-prob pass unchanged (no bypass mode, no rejection sampling, no batch
     normalisation of the weights, no DAPO evicting groups the buffer needs)."""
-    from ..components import Replayer
+    from ..mechanisms.replay import Replayer
     from ..validation import method_keys
 
     issues: list[ConfigIssue] = []
