@@ -1,7 +1,8 @@
 """First-party method packs of dataflex-bus.
 
-Each module here (``scorers``, ``select``, ``reweight``, ``mix``) is one plugin, registered through the
-``dataflex`` entry-point group exactly like a third-party pack. The registration modules are
-import-light: they name ``module:Class`` targets under :mod:`dataflex_plugins.methods`, which are
-imported (with torch) only when a component is built.
+Each module here is one plugin, registered through the ``dataflex`` entry-point group exactly like a third-party
+pack: ``scorers`` (the shared scorers) and one per mechanism, ``select``, ``reweight``, ``mix``, ``replay`` and
+``allocate``, each registering its mechanism's actuators (``allocate`` its scorers too). The registration modules
+are import-light: they name ``module:Class`` targets under :mod:`dataflex_plugins.methods`, which are imported
+(with torch) only when a component is built. The packs run unchanged on every host (the CPU shim, verl, TRL).
 """
