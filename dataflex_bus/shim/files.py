@@ -188,20 +188,19 @@ def existing_run_files(out: Path) -> list[str]:
 
 
 def check_run_dir(out: Path, *, force: bool) -> None:
-    """Refuse to overwrite a run unless ``force``; with ``force``, remove only the run's own files, and
-    only while no other run holds the directory (its lock is taken for the removal)."""
+    """Refuse to overwrite a run unless ``force``; with ``force``, remove only the run's own files. Called
+    holding the directory (:func:`claimed_run_dir`), so no other run's files are ever removed."""
     found = existing_run_files(out)
     if not found:
         return
     if not force:
         raise RunDirError(f"{out} already holds a run ({', '.join(found)}); use --force to overwrite it or "
                           "--resume to continue it")
-    with run_dir_lock(out):
-        for name in existing_run_files(out):
-            try:
-                (out / name).unlink()
-            except OSError as exc:
-                raise io_error(out / name, exc, "remove the old run's file") from exc
+    for name in found:
+        try:
+            (out / name).unlink()
+        except OSError as exc:
+            raise io_error(out / name, exc, "remove the old run's file") from exc
 
 
 def make_run_dir(out: Path) -> bool:
@@ -236,9 +235,9 @@ def check_writable(out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- the lock
-#: Locks this process holds: resolved directory -> [owning thread id, depth]. ``flock`` locks belong to
-#: an open file, so a second ``open`` + ``flock`` in the same process would refuse its own run.
-_HELD: dict[Path, list[int]] = {}
+#: Run directories (resolved) this process holds. ``flock`` locks belong to an open file, so a second ``open`` +
+#: ``flock`` in the same process would refuse its own run with another process's message; this names it right.
+_HELD: set[Path] = set()
 _HELD_GUARD = threading.Lock()
 
 
@@ -268,28 +267,29 @@ def claimed_run_dir(out: Path, *, resume: bool = False) -> Iterator[None]:
 def run_dir_lock(out: Path) -> Iterator[None]:
     """Hold an exclusive lock on the run directory ``out`` (which must exist) for the duration.
 
-    A second holder, in another process or another thread, is refused with a :class:`RunDirError`
-    naming the holder's pid. Nested use in the same thread is allowed (the command line holds the lock
-    over the run and the plot). Uses ``fcntl.flock`` (Linux, macOS); where locking is unsupported the
+    A second holder, in another process or in this one (another thread, or nested use: the run directory has
+    one owner, :func:`~dataflex_bus.shim.run.run_training`), is refused with a :class:`RunDirError` naming
+    the holder's pid. Uses ``fcntl.flock`` (Linux, macOS); where locking is unsupported the
     error says so rather than running unprotected. The lock file stays; only the lock is released (also
     by the kernel when the holder dies), so a crash never leaves a stale lock behind.
     """
     key = out.resolve()
-    me = threading.get_ident()
-    with _HELD_GUARD:
-        held = _HELD.get(key)
-        if held is not None:
-            if held[0] != me:
-                raise RunDirError(f"{out} is in use by another run in this process (pid {os.getpid()}); "
-                                  "choose another --out")
-            held[1] += 1
-    if held is not None:
-        try:
+    with _HELD_GUARD:  # claimed before the flock, so two threads of this process never race to it
+        if key in _HELD:
+            raise RunDirError(f"{out} is in use by another run in this process (pid {os.getpid()}); "
+                              "choose another --out")
+        _HELD.add(key)
+    try:
+        with _flock(out):
             yield
-        finally:
-            with _HELD_GUARD:
-                held[1] -= 1
-        return
+    finally:
+        with _HELD_GUARD:
+            _HELD.discard(key)
+
+
+@contextmanager
+def _flock(out: Path) -> Iterator[None]:
+    """``flock`` on ``out``'s lock file, naming this process as the holder while held (other processes)."""
     try:
         import fcntl
     except ImportError:
@@ -315,14 +315,10 @@ def run_dir_lock(out: Path) -> Iterator[None]:
             os.pwrite(fd, json.dumps(info).encode(), 0)
         except OSError:
             pass  # the holder's name is a courtesy for the refused run; the lock itself is held
-        with _HELD_GUARD:
-            _HELD[key] = [me, 1]
         try:
             remove_stale_temporaries(out)
             yield
         finally:
-            with _HELD_GUARD:
-                del _HELD[key]
             try:
                 os.ftruncate(fd, 0)  # no holder while unlocked
             except OSError:

@@ -1,10 +1,12 @@
 """``run_training``: one shim run from config to run directory.
 
-Checks the whole config (and the memory it needs) before anything trains; takes an exclusive lock on the
-run directory and checks it can be written before the warm start; refuses to overwrite a run; writes
-per-step metrics and checksummed, atomic checkpoints as it goes; and keeps the run record (``run.json``:
-config, provenance, every session, events, status, summary) true whether the run completes, fails, is
-interrupted, killed or resumed.
+The one owner of a shim run and its directory (``dataflex run`` and ``dataflex compare`` call it; the
+command line adds only signals and what it prints). Checks the whole config (and the memory it needs) before
+anything trains; takes an exclusive lock on the run directory and checks it can be written before the warm
+start; refuses to overwrite a run; writes per-step metrics and checksummed, atomic checkpoints as it goes;
+keeps the run record (``run.json``: config, provenance, every session, events, status, summary) true whether
+the run completes, fails, is interrupted, killed or resumed; and draws the curves, if asked, before the
+directory is released.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import torch
 from .. import __version__
 from ..errors import ConfigError, ConfigIssue, SignalInterrupt, clip_text, format_traceback
 from ..runtime import Runtime
+from . import report
 from .config import RunConfig, prepare
 from .files import (
     CHECKPOINT,
     METRICS,
+    PLOT,
     RECORD,
     CheckpointError,
     RunDirError,
@@ -60,11 +64,13 @@ class RunResult:
     record: dict[str, Any]
     out: Path | None = None
     summary: dict[str, float] = field(default_factory=dict)
+    #: Where the curves were drawn, or why they were not (``plot=``); ``None`` when not asked.
+    plot: str | None = None
 
 
 def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = None, seed: int | None = None,
                  out: str | Path | None = None, resume: bool = False, force: bool = False,
-                 progress: bool = False, regime: Regime | None = None) -> RunResult:
+                 progress: bool = False, regime: Regime | None = None, plot: str | None = None) -> RunResult:
     """Train the shim's tiny policy with GRPO and the configured dataflex methods (if any).
 
     ``config`` holds ``trainer``/``model``/``data`` sections and an optional ``dataflex`` block (or is
@@ -75,7 +81,9 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
     (a second run there is refused), an existing run is never overwritten unless ``force``, and
     ``resume=True`` continues it. Everything is checked before the first step. ``regime``: the
     :class:`~dataflex_bus.shim.regime.Regime` already merged into ``config``, recorded in ``run.json``; a
-    resume under another regime than the run's is refused.
+    resume under another regime than the run's is refused. ``plot``: with ``out``, the run's name: its
+    curves, titled ``<plot> (seed N)``, are drawn to ``curves.png`` after it completes, while the directory is
+    still held.
     """
     prepared = prepare(config, steps=steps, seed=seed)
     out_dir = Path(out) if out is not None else None
@@ -96,8 +104,22 @@ def run_training(config: Mapping[str, Any] | RunConfig, *, steps: int | None = N
             changed = regime_change(previous.get("regime"), regime)
             if changed:
                 raise ConfigError(ConfigIssue("--regime", changed))
-        return _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress, previous,
-                                                      regime))
+        result = _with_threads(resolved, lambda: _train(resolved, runtime, out_dir, saved, progress, previous,
+                                                        regime))
+        if plot is not None:
+            result.plot = _plot(result, runtime, out_dir / PLOT, f"{plot} (seed {resolved['trainer']['seed']})")
+        return result
+
+
+def _plot(result: RunResult, runtime: Runtime, path: Path, title: str) -> str:
+    """Draw the run's curves (domain probabilities too when a mixer samples domains); the line that says where,
+    or why not (matplotlib missing)."""
+    try:
+        report.plot_run(result.metrics, result.record["config"]["data"]["domains"], path, title,
+                        mix=bool(runtime.plan.samples_domains))
+    except report.PlottingUnavailable as exc:
+        return str(exc)
+    return f"plot: {path}"
 
 
 def _with_threads(resolved: Mapping[str, Any], body: Callable[[], RunResult]) -> RunResult:

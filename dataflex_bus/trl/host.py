@@ -33,7 +33,7 @@ log = logging.getLogger("dataflex_bus")
 
 NAME = "trl"
 #: ``loss_type`` values under which removing a row leaves the update exactly as if it had never been generated
-#: (tests/trl/test_trl_exact.py compares each against plain TRL on a batch that never held the dropped groups).
+#: (tests/trl_tier/test_trl_exact.py compares each against plain TRL on a batch that never held the dropped groups).
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 #: TRL's other loss types: their normalisers match the supported ones' (sapo: grpo's; cispo, vespo: dapo's;
 #: luspo: a per-row sum) but the host's exactness is not proven for them, so a block is refused there.

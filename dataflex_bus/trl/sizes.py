@@ -13,9 +13,9 @@ width TRL pads a large batch to; ``h`` hidden size, ``i`` intermediate size, ``a
     + (L x T x 4 x (10 h + 4 i + 2 a T)               the forward's activations kept for backward (eager
        + C x V x 4 x 3) / steps_per_generation        attention's scores), the logits, log-softmax, entropy
 
-Measured on the tiny Llama of tests/trl/trl_tiny.py (h 32, i 64, a 4, L 2, V 45; 4-token prompts), peak RSS
+Measured on the tiny Llama of tests/trl_tier/trl_tiny.py (h 32, i 64, a 4, L 2, V 45; 4-token prompts), peak RSS
 growth per rollout between budgets: 68.5 KiB at C = 6 (estimate 71 KiB), 179 KiB at C = 24 with real sampling
-(estimate 205 KiB); tests/trl/test_trl_sizes.py holds it within a factor of 2. Under
+(estimate 205 KiB); tests/trl_tier/test_trl_sizes.py holds it within a factor of 2. Under
 ``gradient_checkpointing`` only each layer's input is kept (``4 h`` bytes a token a layer).
 """
 

@@ -19,7 +19,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "verl"))
+sys.path.insert(0, str(HERE.parent / "verl_tier"))
 
 import harness  # noqa: E402
 from seed_config import SEED  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 # The verl driver builds on the verl tier's harness.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verl"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verl_tier"))
 
 #: TRL's GRPO advantage divides by the group std + 1e-4 (hard-coded in TRL), the shim's and verl's by std + 1e-6:
 #: advantages and what derives from them (weights, a mixer's statistics) agree to about 2e-4 relative.

@@ -88,8 +88,16 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path, shim_components):
     assert errors == ["acquired"]
 
 
-def test_nested_use_in_one_thread_is_allowed(tmp_path):
-    with run_dir_lock(tmp_path), run_dir_lock(tmp_path):
+def test_nested_use_in_one_thread_is_refused(tmp_path):
+    """run_training is the one owner of a run directory: nobody holds it around a run (no re-entrant lock)."""
+    with run_dir_lock(tmp_path):
+        with pytest.raises(RunDirError, match="in use by another run in this process"):
+            with run_dir_lock(tmp_path):
+                pass
+        errors = []
+        _try_lock(tmp_path, errors)  # the refusal left the holder's claim in place
+        assert errors and errors[0] != "acquired"
+    with run_dir_lock(tmp_path):  # and released it with the holder
         pass
 
 
@@ -464,15 +472,17 @@ def test_config_errors_come_before_the_directory_is_touched(tmp_path):
 
 @pytest.mark.integration
 def test_force_never_removes_the_files_of_a_run_in_progress(tmp_path):
-    """What `dataflex compare --force` does before its own runs: refused while another run holds the
-    directory."""
+    """What `dataflex run --force` and `dataflex compare --force` do before a run: refused while another run
+    holds the directory, before any of its files is removed."""
     from dataflex_bus.shim.files import check_run_dir
 
     out = tmp_path / "run"
     run_training(tiny(), steps=1, out=out)
+    before = (out / "run.json").read_bytes()
     with faults.lock_holder(out) as pid:
         with pytest.raises(RunDirError, match=rf"pid {pid}"):
-            check_run_dir(out, force=True)
-    assert (out / "run.json").exists()
-    check_run_dir(out, force=True)
+            run_training(tiny(), steps=1, out=out, force=True)
+    assert (out / "run.json").read_bytes() == before
+    with run_dir_lock(out):
+        check_run_dir(out, force=True)
     assert not (out / "run.json").exists()

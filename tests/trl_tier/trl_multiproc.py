@@ -1,4 +1,4 @@
-"""Run under two CPU processes (gloo): ``torchrun --nproc_per_node 2 tests/trl/trl_multiproc.py OUT.json``.
+"""Run under two CPU processes (gloo): ``torchrun --nproc_per_node 2 tests/trl_tier/trl_multiproc.py OUT.json``.
 
 (``accelerate launch --cpu --num_processes 2`` starts a single process.) Per case: (a) DataflexGRPOTrainer
 on two processes against (b) plain GRPOTrainer on two processes on a dataset of only the groups (a) trained;
