@@ -26,7 +26,7 @@ class Contract:
     ``driver``: the module with ``run(block, world, batch=, steps=, tmp_path=, settings=)`` and
     ``description(settings=None)``; optionally ``CONFIGURATIONS`` (other framework settings, each described for
     the refusal cases), ``REL`` (relative tolerance against the reference host), ``BEHAVIOUR_IS_OLD`` and
-    ``prepare(request)`` (fixtures the host needs before a case). ``requires``: modules that must be importable,
+    ``before_case(request)`` (fixtures the host needs before a case). ``requires``: modules that must be importable,
     else the host's cases are skipped. ``marks``: the pytest marks of its cases."""
 
     driver: str

@@ -49,16 +49,16 @@ def host_params(entries: tuple[hosts.HostEntry, ...] | None = None) -> list[Any]
 
 def contract_host(name: str, request: pytest.FixtureRequest) -> Host:
     """Registered host ``name`` under contract: skipped when a module it requires is not installed, its driver's
-    ``prepare(request)`` run (the fixtures it needs), the driver's settings read."""
+    ``before_case(request)`` run (the fixtures it needs), the driver's settings read."""
     contract = hosts.get(name).contract
     assert contract is not None, f"host {name!r} has no contract driver"
     for module in contract.requires:
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed")
     driver = importlib.import_module(contract.driver)
-    prepare = getattr(driver, "prepare", None)
-    if prepare is not None:
-        prepare(request)
+    before_case = getattr(driver, "before_case", None)
+    if before_case is not None:
+        before_case(request)
     return Host(name, driver, list(getattr(driver, "CONFIGURATIONS", [])), getattr(driver, "REL", 0.0),
                 getattr(driver, "BEHAVIOUR_IS_OLD", False))
 
@@ -66,3 +66,9 @@ def contract_host(name: str, request: pytest.FixtureRequest) -> Host:
 @pytest.fixture(params=host_params())
 def host(request) -> Host:
     return contract_host(request.param, request)
+
+
+@pytest.fixture
+def host_under_contract() -> Any:
+    """:func:`contract_host`, for a test module whose ``host`` is a host it registers itself."""
+    return contract_host

@@ -19,7 +19,7 @@ CONFIGURATIONS = [["trainer.v1.trainer_mode=dataflex_colocate_async"],
                   ["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]]
 
 
-def prepare(request: Any) -> None:
+def before_case(request: Any) -> None:
     """An empty TransferQueue partition and the verl tier's in-process components, before each case."""
     request.getfixturevalue("clean_partition")
     import verl_components  # noqa: F401  (registers on import)
