@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from importlib import import_module
 
-from . import __version__
+from . import __version__, hosts
 
 #: subcommand -> "module:function" taking the parsed args and returning an exit code.
 COMMANDS = {
@@ -20,20 +20,20 @@ COMMANDS = {
     "doctor": "dataflex_bus.doctor:cmd_doctor",
     "new-plugin": "dataflex_bus.template:cmd_new_plugin",
 }
-#: ``dataflex doctor --host NAME``: each host's checks (``dataflex_bus.doctor:cmd_doctor`` picks one: ``--host``,
-#: else the host a ``--config`` file is written for, else verl).
-DOCTORS = {"verl": "dataflex_bus.verl.doctor:cmd_doctor", "trl": "dataflex_bus.trl.doctor:cmd_doctor"}
 #: Commands that log (configuring costs a structlog import, which ``dataflex plugins`` must not pay).
 LOGGING_COMMANDS = frozenset({"validate", "run", "compare", "doctor"})
 
 
-DESCRIPTION = ("Data-centric training controls for GRPO (select, reweight, mix, replay, allocate) as plugins on one "
-               "event bus, run by three hosts (the CPU shim, verl, TRL): list and inspect plugins, check configs, "
-               "train on the CPU shim, compare methods, check a host integration.")
+
+def description() -> str:
+    labels = ", ".join(e.label for e in hosts.registered())
+    return ("Data-centric training controls for GRPO (select, reweight, mix, replay, allocate) as plugins on one "
+            f"event bus, run by its hosts ({labels}): list and inspect plugins, check configs, "
+            "train on the CPU shim, compare methods, check a host integration.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dataflex", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="dataflex", description=description())
     parser.add_argument("--version", action="version", version=f"dataflex-bus {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON (a list: one entry per matching component)")
 
     p = sub.add_parser("validate", help="check a config against the installed plugins; nothing trains")
-    p.add_argument("config", help="YAML file: a shim run config (examples/) or a verl config with a `dataflex:` block")
+    forms = " or ".join(e.check_form for e in hosts.registered() if e.check)
+    p.add_argument("config", help=f"YAML file: {forms}")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. dataflex.actuator.params.low=0.1")
 
     p = sub.add_parser("run", help="train on the CPU shim with the configured method")
@@ -96,20 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a training regime (examples/regimes/) merged over every config input; recorded in each "
                         "run.json and in compare.json")
 
-    p = sub.add_parser("doctor", help="check a host integration (verl, or TRL with --host trl): versions, the "
+    # Every host with a doctor (``dataflex_bus.hosts``); ``dataflex_bus.doctor:cmd_doctor`` picks one: ``--host``,
+    # else the host a ``--config`` file is written for, else the first.
+    default, *others = doctors = hosts.doctors()
+    picked = "".join(f", or {e.label} with --host {e.name}" for e in others)
+    p = sub.add_parser("doctor", help=f"check a host integration ({default.label}{picked}): versions, the "
                                       "trainer, plugins")
-    p.add_argument("--host", choices=sorted(DOCTORS),
-                   help="the host to check (default: the one a --config file is written for, else verl)")
+    p.add_argument("--host", choices=sorted(e.name for e in doctors),
+                   help=f"the host to check (default: the one a --config file is written for, else {default.name})")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 on a warning too (e.g. a selection that keeps nothing of the probe batch)")
     p.add_argument("--config", metavar="FILE",
-                   help="trl: a YAML file with a `dataflex:` block and optional `grpo:` GRPOConfig fields (or a bare "
-                        "block); verl: a verl config file with a `dataflex:` block")
+                   help="; ".join(f"{e.name}: {e.doctor_config}" for e in sorted(doctors, key=lambda e: e.name)))
     p.add_argument("overrides", nargs="*",
-                   help="verl: your main_ppo overrides (trainer.v1.trainer_mode=... +dataflex.mechanism=...); trl: "
-                        "dataflex.KEY=VALUE and grpo.FIELD=VALUE. Doctor then also checks the dataflex block against "
-                        "the trainer that config runs")
+                   help="; ".join(f"{e.name}: {e.doctor_overrides}" for e in doctors) + ". Doctor then also checks "
+                        "the dataflex block against the trainer that config runs")
 
     p = sub.add_parser("new-plugin", help="create a method pack from the template")
     p.add_argument("name", help="pack name, e.g. my-scorer (distribution dataflex-my-scorer)")

@@ -1,6 +1,6 @@
 """What every host's ``dataflex doctor`` shares: versions, the plugin set and the report.
 
-Each host module has its own checks (``dataflex_bus.verl.doctor``, ``dataflex_bus.trl.doctor``, chosen with
+Each host has its own checks (its registration's ``doctor`` in :mod:`dataflex_bus.hosts`, chosen with
 ``dataflex doctor --host``); a check is ``{"check", "status", "detail"}`` with ``status`` one of
 :data:`OK`, :data:`WARN` and :data:`FAIL`, and the command exits 1 when any failed (``--strict``: or warned).
 """
@@ -134,29 +134,31 @@ def report(checks: list[dict[str, Any]], *, as_json: bool = False, strict: bool 
 
 def cmd_doctor(args: Any) -> int:
     """``dataflex doctor``: the checks of ``--host``; without it, of the host a ``--config`` file is written for
-    (read first: a missing file is an error, not verl's checks run beside it), else verl's. A host read from
-    the file is said on stderr (stdout stays the table or the JSON), with how to pick the other."""
+    (read first: a missing file is an error, not the default host's checks run beside it), else the default's
+    (the first registered host with a doctor, :func:`dataflex_bus.hosts.doctors`). A host read from the file is
+    said on stderr (stdout stays the table or the JSON), with how to pick the other."""
     import sys
-    from importlib import import_module
 
-    from .cli import DOCTORS
+    from . import hosts
     from .errors import ConfigError, ConfigIssue
 
+    checked = [e.name for e in hosts.doctors()]
     host, path = getattr(args, "host", None), getattr(args, "config", None)
     if host is None and path is not None:
         from .checkconfig import config_host
         from .config import load_config
 
         host, why = config_host(load_config(path))
-        others = " or ".join(f"--host {h}" for h in sorted(DOCTORS) if h != host)
-        if host == "shim":
+        others = " or ".join(f"--host {h}" for h in sorted(checked) if h != host)
+        if host and host not in checked:  # a file of a host without a doctor: validate is what checks it
             raise ConfigError(ConfigIssue(path, f"{why}: doctor checks a host integration ({others}); "
-                                                f"`dataflex validate {path}` checks a shim run config"))
+                                                f"`dataflex validate {path}` checks a {host} run config"))
         if not host:
-            host = "verl"
+            host = checked[0]
             why += ", so no host is said"
         print(f"dataflex doctor: checking host {host!r} ({path}: {why}); {others} checks that host instead",
               file=sys.stderr)
-    module, _, func = DOCTORS[host or "verl"].partition(":")
-    return int(getattr(import_module(module), func)(args) or 0)
-
+    doctor = hosts.get(host or checked[0]).doctor
+    if doctor is None:
+        raise hosts.UnknownHostError(f"host {host!r} has no doctor (hosts with one: {', '.join(checked)})")
+    return int(hosts.load(doctor)(args) or 0)

@@ -64,6 +64,23 @@ VLLM_RAGGED = ("with use_vllm=True TRL's vLLM generation makes num_generations c
                "num_generations-th prompt, so per-prompt rollout counts cannot be generated; use transformers' "
                "generation (use_vllm=False)")
 CAPABILITIES_TRL = frozenset(CAPABILITIES) - set(LACKS)
+#: Top-level keys of TRL's config form (``dataflex doctor --host trl --config``, the trainer's ``dataflex=`` file).
+SECTIONS = frozenset({"dataflex", "grpo", "model", "prompt_tokens"})
+#: Those only TRL's form has: a shim run config has a ``model`` section too, never ``grpo`` or ``prompt_tokens``.
+ONLY_SECTIONS = frozenset({"grpo", "prompt_tokens"})
+#: Top-level keys of a bare block (a ``dataflex=`` file may hold the block itself).
+BLOCK_KEYS = frozenset({"mechanism", "methods"})
+
+
+def claims(config: Mapping[str, Any]) -> str | None:
+    """Why a config file is TRL's (``dataflex:`` alone, or with ``grpo:``/``prompt_tokens:`` and ``model:``; or a
+    bare block: the forms TRL's ``dataflex=`` file and doctor take), ``None`` when it is not."""
+    keys = set(config)
+    if BLOCK_KEYS & keys:
+        return "a bare dataflex block, the form TRL's dataflex= file takes"
+    if keys and keys <= SECTIONS and (keys <= {"dataflex"} or keys & ONLY_SECTIONS):
+        return "only " + " and ".join(f"`{k}:`" for k in sorted(keys)) + ", TRL's config form"
+    return None
 
 
 def generation_span(args: Any) -> tuple[int, int]:

@@ -92,12 +92,12 @@ def _block_checks(overrides: Sequence[str], add: Any) -> None:
 def _file_block_checks(config: dict[str, Any], add: Any) -> None:
     """The ``dataflex`` block of a verl config file (``--config FILE``) against verl's description of that file,
     as ``dataflex validate FILE`` checks it (no Hydra compose: the file holds what it holds)."""
-    from ..checkconfig import check_verl_config
     from ..errors import ConfigError
+    from .host import check_config
 
     try:
         with block_warnings() as warnings:
-            cfg = check_verl_config(config)
+            cfg = check_config(config)
     except ConfigError as exc:
         add("dataflex block", FAIL, str(exc))
         return

@@ -11,6 +11,7 @@ each is refused, naming the verl key and what to set.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigIssue
@@ -28,6 +29,34 @@ WEIGHT_IGNORING_LOSSES = frozenset({"bypass_mode"})
 WEIGHT_COLLAPSING_LOSSES = frozenset({"geo_mean"})
 WEIGHT_LOSSES = ["vanilla", "gspo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "dro", "cispo"]
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+#: Top-level keys only a verl config has: such a file is verl's (``dataflex validate`` checks its dataflex
+#: block against verl's context, ``dataflex doctor --config`` runs verl's checks).
+SECTIONS = frozenset({"actor_rollout_ref", "algorithm", "critic", "reward_model", "reward",
+                      "custom_reward_function", "ray_kwargs", "transfer_queue", "global_profiler"})
+
+
+def claims(config: Mapping[str, Any]) -> str | None:
+    """Why a config file is verl's (it has verl's sections), ``None`` when it is not."""
+    found = SECTIONS & set(config)
+    return "it has verl's sections " + ", ".join(sorted(found)) if found else None
+
+
+def check_config(config: Any) -> Any:
+    """A verl config's ``dataflex`` block against verl's description of that config, every problem at once
+    (the validated block, ``None`` when there is none); raises :class:`~dataflex_bus.errors.ConfigError`."""
+    from ..errors import ConfigError
+    from ..validation import validate
+
+    issues: list[Any] = context_issues(config)
+    block, cfg = config.get("dataflex"), None
+    if block:
+        try:
+            cfg = validate(block, host=describe(config))
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+    if issues:
+        raise ConfigError(issues)
+    return cfg
 
 
 def select(config: Any, path: str, default: Any = None) -> Any:

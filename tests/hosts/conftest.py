@@ -1,21 +1,17 @@
-"""The hosts of the contract suite: one ``host`` parameter per host, its test id the host's name."""
+"""The hosts of the contract suite: one ``host`` parameter per registered host (:mod:`dataflex_bus.hosts`) with a
+contract driver, its test id the host's name. What each host needs (its driver, importable modules, marks,
+fixtures) is its registration's and its driver's; nothing here names a host."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The verl driver builds on the verl tier's harness.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verl_tier"))
-
-#: TRL's GRPO advantage divides by the group std + 1e-4 (hard-coded in TRL), the shim's and verl's by std + 1e-6:
-#: advantages and what derives from them (weights, a mixer's statistics) agree to about 2e-4 relative.
-TRL_REL = 1e-3
+from dataflex_bus import hosts
 
 
 @dataclass
@@ -45,36 +41,34 @@ class Host:
         return [self.description(), *(self.description(c) for c in self.configurations)]
 
 
-def _shim() -> Host:
-    import shim_host
-
-    return Host("shim", shim_host)
-
-
-def _verl() -> Host:
-    import verl_host
-
-    return Host("verl", verl_host, [["trainer.v1.trainer_mode=dataflex_colocate_async"],
-                                    ["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]])
+def host_params(entries: tuple[hosts.HostEntry, ...] | None = None) -> list[Any]:
+    """One ``host`` parameter per registered host with a contract driver, marked as its registration says."""
+    return [pytest.param(e.name, marks=[getattr(pytest.mark, m) for m in e.contract.marks], id=e.name)
+            for e in (hosts.registered() if entries is None else entries) if e.contract]
 
 
-def _trl() -> Host:
-    import trl_host
+def contract_host(name: str, request: pytest.FixtureRequest) -> Host:
+    """Registered host ``name`` under contract: skipped when a module it requires is not installed, its driver's
+    ``before_case(request)`` run (the fixtures it needs), the driver's settings read."""
+    contract = hosts.get(name).contract
+    assert contract is not None, f"host {name!r} has no contract driver"
+    for module in contract.requires:
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed")
+    driver = importlib.import_module(contract.driver)
+    before_case = getattr(driver, "before_case", None)
+    if before_case is not None:
+        before_case(request)
+    return Host(name, driver, list(getattr(driver, "CONFIGURATIONS", [])), getattr(driver, "REL", 0.0),
+                getattr(driver, "BEHAVIOUR_IS_OLD", False))
 
-    return Host("trl", trl_host, rel=TRL_REL, behaviour_is_old=True)
 
-
-HOSTS = {"shim": (_shim, []), "verl": (_verl, [pytest.mark.verl, pytest.mark.tq]), "trl": (_trl, [pytest.mark.trl])}
-
-
-@pytest.fixture(params=[pytest.param(name, marks=marks, id=name) for name, (_, marks) in HOSTS.items()])
+@pytest.fixture(params=host_params())
 def host(request) -> Host:
-    name = request.param
-    if name == "verl":
-        if importlib.util.find_spec("verl") is None:
-            pytest.skip("verl is not installed")
-        request.getfixturevalue("clean_partition")
-        import verl_components  # noqa: F401  (the verl tier's in-process components)
-    if name == "trl" and importlib.util.find_spec("trl") is None:
-        pytest.skip("trl is not installed")
-    return HOSTS[name][0]()
+    return contract_host(request.param, request)
+
+
+@pytest.fixture
+def host_under_contract() -> Any:
+    """:func:`contract_host`, for a test module whose ``host`` is a host it registers itself."""
+    return contract_host

@@ -7,8 +7,8 @@ trains on, their advantages, weights and loss tokens, whether the update is skip
 shim, the reference host, is held to each case's expectations in closed form; every other host to the
 shim's records. A host that cannot carry out a method must refuse it at validation, naming itself.
 
-Adding a host: give it a driver module like ``shim_host.py`` (``run`` and ``description``) and a
-parameter in ``conftest.py``.
+Adding a host: give it a driver module like ``shim_host.py`` (``run`` and ``description``) and name it in the
+host's registration (:mod:`dataflex_bus.hosts`, ``Contract``); ``conftest.py`` makes a parameter of every one.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ from typing import Any
 
 from world import N, StepRecord, World, add_row, kit_metrics, response_length, reward, row_record
 
+#: TRL's GRPO advantage divides by the group std + 1e-4 (hard-coded in TRL), the shim's and verl's by std + 1e-6:
+#: advantages and what derives from them (weights, a mixer's statistics) agree to about 2e-4 relative.
+REL = 1e-3
+#: Transformers' generation samples with the policy that computes a step's old log-probs.
+BEHAVIOUR_IS_OLD = True
 #: The seed of the host's prompt stream and domain sampler (the shim driver's verl data.seed).
 SEED = 7
 

@@ -4,11 +4,25 @@ world's rollouts and its actor worker recording exactly what the update receives
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from world import DOMAINS, SOLVED, N, StepRecord, World, add_row, kit_metrics, row_record
+
+# The driver builds on the verl tier's harness (verl_harness.py, verl_components.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "verl_tier"))
+
+#: verl's other settings the refusal cases describe (what each lacks is read from its description).
+CONFIGURATIONS = [["trainer.v1.trainer_mode=dataflex_colocate_async"],
+                  ["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]]
+
+
+def before_case(request: Any) -> None:
+    """An empty TransferQueue partition and the verl tier's in-process components, before each case."""
+    request.getfixturevalue("clean_partition")
+    import verl_components  # noqa: F401  (registers on import)
 
 
 def hydra_value(value: Any) -> str:
