@@ -1,9 +1,15 @@
-"""``dataflex run``'s plot shows the sampling probabilities when a method of the block publishes them."""
+"""``dataflex run``'s plot shows the sampling probabilities when a method of the block publishes them: the run's
+plan says so (``Plan.samples_domains``), whether the mixer stands alone or in a stack."""
 
-from dataflex_bus.shim.commands import samples_domains
+from dataflex_bus.runtime import Runtime
 
 MIX = {"mechanism": "mix", "scorer": {"name": "advantage_magnitude"}, "actuator": {"name": "dump_ucb"}}
-BAND = {"mechanism": "select", "scorer": {"name": "group_solve_rate"}, "actuator": {"name": "threshold_band"}}
+BAND = {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+        "actuator": {"name": "threshold_band", "params": {"low": 0.1, "high": 0.9}}}
+
+
+def samples_domains(block):
+    return bool(Runtime(block).plan.samples_domains)
 
 
 def test_a_mixer_is_found_alone_and_in_a_stack():
