@@ -65,7 +65,7 @@ class HostEntry:
 #: ``dataflex doctor``'s host when neither ``--host`` nor ``--config`` says one.
 _HOSTS: dict[str, HostEntry] = {e.name: e for e in (
     HostEntry("shim", "the CPU shim", "dataflex_bus.shim.host:describe", fallback=True,
-              check="dataflex_bus.shim.host:check_config",
+              check="dataflex_bus.shim.config:check_config",
               check_form="a shim run config (examples/)", contract=Contract("shim_host")),
     HostEntry("verl", "verl", "dataflex_bus.verl.host:describe", doctor="dataflex_bus.verl.doctor:cmd_doctor",
               claims="dataflex_bus.verl.host:claims", check="dataflex_bus.verl.host:check_config",

@@ -130,3 +130,10 @@ def fingerprint(resolved: Mapping[str, Any]) -> dict[str, Any]:
         section, key = dotted.split(".")
         out[section].pop(key, None)
     return out
+
+
+def check_config(config: Mapping[str, Any]) -> Any:
+    """A shim run config checked whole (every section, the ``dataflex`` block against the shim's description),
+    every problem at once: the validated block (``None``: plain GRPO); raises
+    :class:`~dataflex_bus.errors.ConfigError`."""
+    return prepare(config).method

@@ -52,11 +52,3 @@ def describe(resolved: Mapping[str, Any], *, group_size: bool = True) -> HostDes
                            row_bytes_basis=f"model.hidden {model['hidden']}, model.layers {model['layers']}: "
                                            "the row's fields and its pass's activations")
 
-
-def check_config(config: Mapping[str, Any]) -> Any:
-    """A shim run config checked whole (every section, the ``dataflex`` block against the shim's description),
-    every problem at once: the validated block (``None``: plain GRPO); raises
-    :class:`~dataflex_bus.errors.ConfigError`."""
-    from .config import prepare
-
-    return prepare(config).method
