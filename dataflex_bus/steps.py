@@ -25,6 +25,10 @@ before its old log-probs, and after ``step.advantage`` hands the marked rows' fi
 A host whose framework generates by itself (verl's agent loop and replay buffer) calls only the parts it
 reaches: ``gen.add`` where its rollouts are rewarded, ``step.prompts`` where its prompts are fetched. The
 metric names are one namespace for every host (:mod:`dataflex_bus.step_metrics`).
+
+This module holds the prompt phase's records (:class:`Candidates`, :class:`Chosen`), :class:`Step` and
+:class:`StepKit`; the generation driver and the helpers of its rounds live in :mod:`dataflex_bus.generation`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -42,18 +46,22 @@ from .carry import (
     carry_out_advantage,
     carry_out_counts,
     carry_out_prompts,
-    carry_out_rollout,
-    continuation_counts,
-    first_group,
     minibatch_index,
     sampling_probabilities,
 )
-from .decision import Decision
-from .errors import BatchFieldError, DataflexError
-from .fill import GroupFill, PromptCounts, PromptFill, add_class_counts, kept_groups
+from .errors import DataflexError
+from .fill import PromptCounts, PromptFill, add_class_counts
+from .generation import (
+    Continuation,
+    Generation,
+    RolloutOutcome,
+    concat_rounds,
+    concat_rows,
+    rows_of_groups,
+)
+from .generation import group_labels as group_labels
 from .host import MINIBATCH_INDEX
 from .mechanisms.replay import VERSION_FIELD
-from .ops import segment_min
 from .step_metrics import AllocationStats, Counters, RolloutStats, trained_metrics
 
 if TYPE_CHECKING:
@@ -96,255 +104,6 @@ class Chosen(Generic[T]):
         if len(self.draws) == 1 and self.drawn == k and bool((self.index == torch.arange(k)).all()):
             return self.draws[0]
         return None
-
-
-def rows_of_groups(batch: Batch, groups: Tensor) -> Tensor:
-    """Bool ``[B]``: the real rows of the groups ``groups`` (bool ``[num_groups]``) selects."""
-    return groups[batch.group_index.clamp_min(0)] & batch.valid_rows
-
-
-def concat_rounds(batches: Sequence[Batch]) -> Batch:
-    """The generation rounds of one step as one batch (the rounds share every field's shape): group ids
-    offset per round, so rounds keep their groups apart and in arrival order."""
-    if len(batches) == 1:
-        return batches[0]
-    first = batches[0]
-    fields = {name: torch.cat([b[name] for b in batches]) for name in first.fields}
-    offsets = torch.cumsum(torch.tensor([0] + [b.num_groups for b in batches[:-1]]), 0).tolist()
-    # Padding rows belong to no group whatever their id says.
-    uid = torch.cat([torch.where(b.valid_rows, b.group_index + off, -1) for b, off in zip(batches, offsets)])
-    domains = None if first.domain_ids is None else torch.cat([b.domain_index.clamp_min(0) for b in batches])
-    return Batch.from_tensors(uid=uid, domains=domains, domain_names=first.domain_names,
-                              is_padding=torch.cat([b.is_padding for b in batches]), **fields)
-
-
-@dataclass
-class Continuation:
-    """More rollouts for groups already generated in this round (an allocator at ``on_rollout``, SPEED):
-    for each group, ``rows`` is its first row in the batch the host gave :meth:`Generation.add` (so the host
-    finds its prompt and ``uid`` there) and ``counts`` how many more rollouts to generate, under the same
-    ``uid``; the host hands them to :meth:`Generation.extend`."""
-
-    rows: Tensor
-    counts: Tensor
-
-
-def group_labels(batch: Batch) -> list[Any] | Tensor | None:
-    """The ``uid`` labels of ``batch``'s rows as given (a list, or an integer tensor), ``None`` without."""
-    return batch.uid if batch.uid is not None else batch._raw_group_ids
-
-
-def concat_rows(first: Batch, more: Batch) -> Batch:
-    """``more``'s rows appended to ``first``'s, rows of one ``uid`` in one group (a continuation round): per-token
-    fields right-padded to the wider of the two, labels and domains carried."""
-    labels_a, labels_b = group_labels(first), group_labels(more)
-    if labels_a is None or labels_b is None or isinstance(labels_a, torch.Tensor) != isinstance(labels_b, torch.Tensor):
-        raise ValueError("concat_rows: both batches need uid labels of one kind (strings or integer ids)")
-    uid: list[Any] | Tensor
-    if isinstance(labels_a, torch.Tensor) and isinstance(labels_b, torch.Tensor):
-        uid = torch.cat([labels_a, labels_b])
-    else:
-        uid = [*labels_a, *labels_b]
-    if set(first.fields) != set(more.fields):
-        differ = sorted(set(first.fields) ^ set(more.fields))
-        raise ValueError(f"concat_rows: the rounds hold different fields ({differ})")
-    if more.domain_ids is not None and first.domain_names:
-        more = more.with_domain_names(first.domain_names)
-    fields = {}
-    for name, a in first.fields.items():
-        b = more[name]
-        if a.dim() == 2 and b.dim() == 2 and a.shape[1] != b.shape[1]:
-            width = max(a.shape[1], b.shape[1])
-            a = torch.nn.functional.pad(a, (0, width - a.shape[1]))
-            b = torch.nn.functional.pad(b, (0, width - b.shape[1]))
-        fields[name] = torch.cat([a, b])
-    domains = None if first.domain_ids is None else torch.cat([first.domain_index.clamp_min(0),
-                                                              more.domain_index.clamp_min(0)])
-    return Batch.from_tensors(uid=uid, domains=domains, domain_names=first.domain_names,
-                              is_padding=torch.cat([first.is_padding, more.is_padding]), **fields)
-
-
-@dataclass
-class _OpenRound:
-    """A generation round whose groups may still be extended: its batch so far, the host's first batch, the
-    last on_rollout decision and the round count."""
-
-    batch: Batch
-    first: Batch
-    decision: Decision
-    counted: bool
-    round: int = 0
-
-
-@dataclass
-class RolloutOutcome:
-    """What a step goes on with after its generation: per round, the rows kept (``None``: every row),
-    whether to skip the update, and the real rows removed."""
-
-    keeps: list[Tensor | None]
-    skip_update: bool
-    removed: int = 0
-
-    def keep(self, batch_sizes: Sequence[int]) -> Tensor | None:
-        """The rows kept over the rounds concatenated (``None``: every row of every round)."""
-        if all(k is None for k in self.keeps):
-            return None
-        parts = [torch.ones(n, dtype=torch.bool) if k is None else k for k, n in zip(self.keeps, batch_sizes)]
-        return torch.cat(parts)
-
-
-class Generation:
-    """One step's generation: one round, or rounds of refill until the on_rollout selection kept a full
-    batch of groups (:class:`~dataflex_bus.fill.GroupFill`, every policy), every rollout counted."""
-
-    def __init__(self, step: Step, target: int) -> None:
-        self.step = step
-        self.target = target
-        refill = step.runtime.refill
-        self.fill = GroupFill(target, refill) if refill is not None else None
-        self.rounds: list[tuple[Batch, Decision]] = []
-        self._asked = False
-        #: An allocator acting at on_rollout may extend a round's groups (continuation rounds).
-        self.continues = step.runtime.allocator("on_rollout") is not None
-        self._open: _OpenRound | None = None
-
-    @property
-    def refills(self) -> bool:
-        return self.fill is not None
-
-    @property
-    def batches(self) -> list[Batch]:
-        """Every round's rows so far, continuation rows included (what the kit decided on)."""
-        return [batch for batch, _ in self.rounds]
-
-    def request(self) -> int:
-        """Prompts to generate in the next round (0: the step's generation is done)."""
-        self._close()
-        if self.fill is not None:
-            return self.fill.request()
-        if self._asked:
-            return 0
-        self._asked = True
-        return self.target
-
-    def add(self, batch: Batch, *, counted: bool = False) -> Decision:
-        """One generation round, rewarded: counted and recorded in the prompt history (unless ``counted``: the
-        host showed its groups to :meth:`Step.count_generated` and :meth:`Step.record` already) and put through
-        ``on_rollout``. Returns the decision."""
-        step = self.step
-        self._close()
-        if not self.continues:
-            if not counted:
-                step.count_generated(batch)
-                step.record(batch)
-            decision = step.runtime.emit("on_rollout", batch, step.index)
-            step.metrics.update(decision.metrics)
-            self._round_done(batch, decision)
-            return decision
-        # An allocator may extend these groups: the history and the rollout statistics wait for the round's
-        # last rows; the counters count every rollout now.
-        if not counted:
-            step.count_generated(batch, stats=False)
-        decision = self._emit(batch, 0)
-        self._open = _OpenRound(batch, batch, decision, counted)
-        return decision
-
-    def _emit(self, batch: Batch, round_: int) -> Decision:
-        step = self.step
-        view = batch.with_fields(**step.budget_fields(self._still_needed()), budget_round=torch.tensor(round_))
-        decision = step.runtime.emit("on_rollout", view, step.index)
-        step.metrics.update(decision.metrics)
-        return decision
-
-    def _still_needed(self) -> int:
-        return self.target - (self.fill.kept if self.fill is not None else 0)
-
-    def continuation(self) -> Continuation | None:
-        """More rollouts the allocator asked for, for groups of the round just added (``None``: none; the round
-        is then complete)."""
-        o = self._open
-        if o is None:
-            return None
-        per_group = continuation_counts(o.batch, o.decision)
-        if per_group is None:
-            self._close()
-            return None
-        groups = torch.nonzero(per_group > 0).flatten()
-        first_rows = segment_min(torch.arange(len(o.batch), dtype=torch.float64), o.batch.group_index,
-                                 o.batch.num_groups).to(torch.long)
-        rows = first_rows[groups]
-        if bool((rows >= len(o.first)).any()):
-            raise ValueError("Generation.continuation: a group's first row lies outside the host's batch")
-        return Continuation(rows, per_group[groups])
-
-    def extend(self, batch: Batch) -> Decision:
-        """The rollouts of a :meth:`continuation`, rewarded, with the ``uid`` of the groups they extend: counted,
-        appended to their groups and the round put through ``on_rollout`` again."""
-        o = self._open
-        if o is None:
-            raise ValueError("Generation.extend: no round is open (call continuation() after add())")
-        step = self.step
-        step.count_generated(batch, stats=False, groups=False)
-        merged = concat_rows(o.batch, batch)
-        if merged.num_groups != o.batch.num_groups:
-            raise BatchFieldError("dataflex allocate", "uid", "continuation rollouts must carry the uid of a group "
-                                  "of the round they extend")
-        step.allocation.continued += int(torch.unique(batch.group_index[batch.valid_rows]).numel())
-        o.batch, o.round = merged, o.round + 1
-        o.decision = self._emit(merged, o.round)
-        return o.decision
-
-    def _close(self) -> None:
-        """Complete the open round: the history and the rollout statistics see its groups whole."""
-        o, self._open = self._open, None
-        if o is None:
-            return
-        if not o.counted:
-            self.step.record(o.batch)
-        self.step.rollout.add(o.batch)
-        self._round_done(o.batch, o.decision)
-
-    def _round_done(self, batch: Batch, decision: Decision) -> None:
-        if self.fill is not None:
-            self.fill.add(kept_groups(batch, decision))
-        if self.step.runtime.allocates:
-            self.step.allocation.groups(batch.group_sizes)
-        self.rounds.append((batch, decision))
-
-    def finish(self) -> RolloutOutcome:
-        """The rows to go on with: the single round's ``on_rollout`` decision carried out, or under refill the
-        groups :meth:`GroupFill.train` picks (``dataflex/refill/*`` metrics); ``dataflex/removed_rows`` counts
-        the real rows removed."""
-        self._close()
-        outcome = self._outcome()
-        if self.step.skip_at_prompts:  # an allocation's on_empty=skip
-            outcome.skip_update = True
-        self.step.metrics["dataflex/removed_rows"] = float(outcome.removed)
-        return outcome
-
-    def _outcome(self) -> RolloutOutcome:
-        if not self.rounds:
-            return RolloutOutcome([], False)
-        if self.fill is None:
-            actions = [carry_out_rollout(batch, decision) for batch, decision in self.rounds]
-            return RolloutOutcome([a.keep for a in actions], any(a.skip_update for a in actions),
-                                  sum(a.removed for a in actions))
-        train, refill_metrics = self.fill.train()
-        self.step.metrics.update(refill_metrics)
-        batches = [batch for batch, _ in self.rounds]
-        offsets = torch.cumsum(torch.tensor([0] + [b.num_groups for b in batches]), 0).tolist()
-        keeps: list[Tensor] = [rows_of_groups(b, train[lo:hi]) for b, lo, hi in zip(batches, offsets, offsets[1:])]
-        skip = not bool(train.any())
-        if skip:
-            # Nothing to train in the whole step (only possible with on_exhaust=train_short): as for an empty
-            # selection, the first group goes through the forward passes and the update is skipped.
-            keeps = [first_group(batches[0]) & batches[0].valid_rows] + [torch.zeros(len(b), dtype=torch.bool)
-                                                                         for b in batches[1:]]
-        removed = sum(int((b.valid_rows & ~k).sum()) for b, k in zip(batches, keeps))
-        # Padding rows travel with the batch (the host re-pads anyway); only real rows are removed.
-        out: list[Tensor | None] = [None if bool(k[b.valid_rows].all()) else k | ~b.valid_rows
-                                    for b, k in zip(batches, keeps)]
-        return RolloutOutcome(out, skip, removed)
 
 
 class Step:

@@ -30,10 +30,11 @@ from ..batch import Batch
 from ..carry import AdvantageAction
 from ..confdiff import differences as diff
 from ..errors import ConfigError, DataflexError
+from ..generation import concat_rounds, group_labels
 from ..ops import grpo_outcome_advantage
 from ..runtime import Runtime
 from ..sampler import prepare_prompts
-from ..steps import Candidates, Chosen, Step, StepKit, concat_rounds, group_labels
+from ..steps import Candidates, Chosen, Step, StepKit
 from . import warmstart
 from .config import fingerprint
 from .files import CheckpointError

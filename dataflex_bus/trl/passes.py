@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from ..errors import DataflexError
-from ..steps import Candidates, RolloutOutcome, Step, concat_rows
+from ..generation import RolloutOutcome, concat_rows
+from ..steps import Candidates, Step
 from . import replays
 from .advantages import trl_advantages
 from .processes import unlog_padding

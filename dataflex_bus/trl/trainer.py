@@ -39,9 +39,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..batch import Batch
+from ..generation import Generation
 from ..runtime import Runtime
 from ..sampler import domain_labels, prepare_prompts
-from ..steps import Generation, Step, StepKit
+from ..steps import Step, StepKit
 from . import loss, passes, replays, state
 from .arguments import argument, check_processing_class
 from .batches import BatchMaker

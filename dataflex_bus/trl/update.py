@@ -15,7 +15,8 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from ..carry import AdvantageAction
 from ..errors import DataflexError
-from ..steps import RolloutOutcome, Step
+from ..generation import RolloutOutcome
+from ..steps import Step
 from . import replays
 from .records import Kept, RoundData
 from .rows import BEHAVIOUR, MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, row_fields, trim

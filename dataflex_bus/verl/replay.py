@@ -7,11 +7,17 @@ dropped from the worker's get), so the adapter stores the trajectory as it was g
 columns with each row's length (the kit's payload), the non-tensor values and the key's tags as the row's
 objects. Text-only trajectories: a per-token field with more than one value per token (multimodal position
 ids) is refused, naming it.
+
+:class:`ReplayWrites`, a mixin of :class:`~dataflex_bus.verl.trainer.DataflexTrainer` (before verl's ``PPOTrainer``
+in its bases), does the writes: the rows the kit replays (``Step.replay``) into TransferQueue under new keys before
+verl's old-log-prob pass, and the rows the method marks at on_advantage back into the kit's store (``Step.store``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,8 +27,10 @@ from tensordict.tensorclass import NonTensorStack
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
+from ..batch import Batch
 from ..errors import BatchFieldError
 from ..replay import Record
+from ..steps import Step
 from .tqbatch import labels_of
 
 #: The key of a stored row's objects that holds its TransferQueue tags.
@@ -92,3 +100,55 @@ def fields_of(record: Record, uids: Sequence[str]) -> tuple[TensorDict, list[dic
     fields["uid"] = NonTensorStack(*uids)
     tags = [{**obj[TAG], "is_padding": False} for obj in objects]
     return TensorDict(fields, batch_size=n), tags
+
+
+class ReplayWrites:
+    """The replayed rows of a step of :class:`~dataflex_bus.verl.trainer.DataflexTrainer` (a mixin, before verl's
+    ``PPOTrainer`` in its bases): written into TransferQueue before verl's old-log-prob pass, and the rows the
+    replay method marks at on_advantage read back into the kit's store."""
+
+    # What it reads of the trainer (the adapter's own), declared for type checking only.
+    _fresh: Batch | None
+    _replay_rows: dict[str, int]
+    _rewards: dict[str, float]
+    _generated_fields: list[str]
+    _current_step: Callable[[], Step]
+
+    def _add_replayed(self, meta: KVBatchMeta) -> KVBatchMeta:
+        """The stored rows the kit replays this step, written into TransferQueue under new keys before verl's
+        old-log-prob pass: a row joining a fresh group (``mixed``) takes its uid and the next sessions, the others
+        a new uid per new group; ``rollout_log_probs`` is the stored behaviour log-prob as generated."""
+        fresh = self._fresh
+        assert fresh is not None and fresh.uid is not None
+        replayed = self._current_step().replay(fresh)
+        if replayed is None:
+            return meta
+        first = torch.full((fresh.num_groups,), len(fresh), dtype=torch.long).scatter_reduce(
+            0, fresh.group_index.clamp_min(0), torch.arange(len(fresh)), "amin")
+        fresh_uids = [str(fresh.uid[i]) for i in first.tolist()]
+        sizes = torch.bincount(fresh.group_index[fresh.valid_rows], minlength=fresh.num_groups).tolist()
+        new_uids = [f"replay{uuid.uuid4().hex}" for _ in range(replayed.num_blocks)]
+        taken: dict[str, int] = {}
+        uids, keys = [], []
+        for join, block in zip(replayed.join.tolist(), replayed.block.tolist()):
+            uid = fresh_uids[join] if join >= 0 else new_uids[block]
+            session = taken.get(uid, sizes[join] if join >= 0 else 0)
+            taken[uid] = session + 1
+            uids.append(uid)
+            keys.append(f"{uid}_{session}_0")
+        fields, tags = fields_of(replayed.record, uids)
+        tq.kv_batch_put(keys=keys, partition_id=meta.partition_id, fields=fields, tags=tags)
+        self._replay_rows = {key: i for i, key in enumerate(keys)}
+        self._rewards.update(zip(keys, replayed.record.reward.tolist()))
+        return KVBatchMeta(partition_id=meta.partition_id, keys=[*meta.keys, *keys], tags=[*meta.tags, *tags],
+                           fields=meta.fields, extra_info=meta.extra_info)
+
+    def _store_replay(self, meta: KVBatchMeta, store: Tensor) -> None:
+        """The rows the replay method marked at on_advantage, read back from TransferQueue with the fields they
+        were generated with (before the trainer writes its own), into the kit's store."""
+        flags = store.tolist()
+        keys = list(itertools.compress(meta.keys, flags))
+        tags = list(itertools.compress(meta.tags, flags))
+        data = tq.kv_batch_get(keys=keys, partition_id=meta.partition_id, select_fields=self._generated_fields)
+        payload, lengths, objects = payload_of(data, tags)
+        self._current_step().store(payload, lengths=lengths, objects=objects)

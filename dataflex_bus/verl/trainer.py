@@ -43,6 +43,10 @@ because verl branches on those literal strings (replay buffer type, forced ``gen
 snapshots in checkpoints, the ``trainer.v1.<mode>`` section); any other string silently selects the async
 paths.
 
+The generation rounds and the replay buffer (:mod:`~dataflex_bus.verl.rounds`), the replay writes
+(:mod:`~dataflex_bus.verl.replay`) and the on_advantage carry-out (:mod:`~dataflex_bus.verl.advantage`) are mixins
+of :class:`DataflexTrainer`, in their own modules; this one holds the hook points and the modes.
+
 The modes register themselves as the last statements of this module, so a failing import never leaves
 a half-working registration behind (see :mod:`dataflex_bus.verl.entry`).
 """
@@ -51,7 +55,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -61,9 +64,7 @@ import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tensordict import TensorDict
-from torch import Tensor
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
@@ -72,18 +73,18 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from ..batch import Batch
-from ..errors import BatchFieldError, ConfigError, ConfigIssue
+from ..errors import BatchFieldError
 from ..runtime import Runtime
 from ..sampler import DomainSampler, domain_labels, prepare_prompts
 from ..steps import Candidates, Step, StepKit
 from . import state
-from .blocks import minibatch_blocks
-from .buffer import DataflexReplayBuffer
+from .advantage import AdvantageCarryOut
 from .guard import DATAFLEX_MODE_FOR
 from .host import describe
 from .prompts import candidate_ids, dataset_prompt_table
-from .replay import fields_of, generated_fields, payload_of
-from .tqbatch import fetch, labels_of, nested_row_counts, padding_flags, put, to_batch, to_nested, uid_of
+from .replay import ReplayWrites, generated_fields
+from .rounds import ROLLOUT_N, GenerationRounds
+from .tqbatch import fetch, labels_of, padding_flags, to_batch
 
 log = logging.getLogger("dataflex_bus")
 
@@ -91,8 +92,6 @@ log = logging.getLogger("dataflex_bus")
 STATE_FILE = state.STATE_FILE
 #: Fields every event reads, whatever the method: labels, rewards and the response mask.
 BASE_FIELDS = ("uid", "response_mask", "rm_scores")
-#: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
-ROLLOUT_N = "__rollout_n__"
 
 
 def dataflex_block(config: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
@@ -111,10 +110,12 @@ def build_runtime(config: DictConfig) -> Runtime:
 
 
 # ---------------------------------------------------------------------------- the trainer
-class DataflexTrainer(PPOTrainer):
+class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrainer):
     """verl's v1 PPO trainer with the dataflex event bus wired into its step. Not registered itself:
     each mode combines it with one of verl's trainers (``DataflexSyncTrainer(DataflexTrainer,
-    PPOTrainerSync)``, ...) and names that trainer's mode in :attr:`verl_mode`."""
+    PPOTrainerSync)``, ...) and names that trainer's mode in :attr:`verl_mode`. Its generation rounds and
+    replay buffer (:mod:`~dataflex_bus.verl.rounds`), replay writes (:mod:`~dataflex_bus.verl.replay`) and
+    on_advantage carry-out (:mod:`~dataflex_bus.verl.advantage`) are mixins, before ``PPOTrainer`` in its bases."""
 
     #: The verl trainer mode whose code paths this trainer runs.
     verl_mode = "sync"
@@ -145,37 +146,6 @@ class DataflexTrainer(PPOTrainer):
         self._replay_rows: dict[str, int] = {}
         self._generated_fields: list[str] = []
         super().__init__(config)
-
-    # ------------------------------------------------------------------ verl mode
-    def _build_replay_buffer(self):
-        # verl branches on the literal mode strings (replay buffer type, forced gen_batch_size=1, TQ
-        # snapshots in checkpoints, TQ restore on resume, the trainer.v1.<mode> section): run as the verl
-        # mode this trainer extends, never as "dataflex_...", which would select the async paths.
-        self.trainer_mode = self.verl_mode
-        self.parameter_sync_step = self.config.trainer.v1.get(self.verl_mode, {}).get("parameter_sync_step", 1)
-        buffer = super()._build_replay_buffer()
-        refill = self._runs_rounds
-        if refill and type(buffer) is not ReplayBuffer:
-            raise ConfigError(ConfigIssue(
-                "dataflex.refill", f"refill runs through verl's synchronous replay buffer; trainer mode "
-                f"{self.verl_mode!r} uses {type(buffer).__name__}", ["trainer.v1.trainer_mode=dataflex_sync"]))
-        # verl's own filter_groups evicts groups inside the buffer: show them to the kit first (counters,
-        # history); under dataflex.refill the buffer runs the kit's rounds.
-        if type(buffer) is not ReplayBuffer or not (refill or buffer.filter_groups_metric is not None):
-            return buffer
-        if self.dataflex.refill is not None:
-            buffer.gen_batch_size = 1  # exact refills, as verl sets for its own DAPO
-            buffer.train_batch_size = self.config.data.train_batch_size
-            buffer.refill_fn = self._refill
-        return DataflexReplayBuffer.like(buffer, on_finished=None if refill else self._on_finished,
-                                         rounds=self._generation_rounds if refill else None)
-
-    @property
-    def _runs_rounds(self) -> bool:
-        """The replay buffer's sample runs the kit's generation rounds: under ``dataflex.refill``, and whenever
-        a method allocates rollouts (a round's prompts are the ones dispatched, however many an allocation left:
-        verl's own sample would wait for ``train_batch_size`` of them; a continuation generates more)."""
-        return self.dataflex.refill is not None or self.dataflex.allocates
 
     # ------------------------------------------------------------------ events
     def _step_index(self) -> int:
@@ -241,12 +211,6 @@ class DataflexTrainer(PPOTrainer):
         metrics["dataflex/compute/tokens_after_padding"] = float(sum(int(tag.get("seq_len", 0)) for tag in batch.tags))
         return batch
 
-    @property
-    def _buffer_counts_rollouts(self) -> bool:
-        """The replay buffer showed every finished group to the kit already (verl's own filter_groups)."""
-        buffer = getattr(self, "replay_buffer", None)
-        return isinstance(buffer, DataflexReplayBuffer) and buffer.on_finished is not None
-
     def _on_rollout(self, meta: KVBatchMeta) -> KVBatchMeta:
         step = self._current_step()
         if self._runs_rounds:
@@ -275,176 +239,11 @@ class DataflexTrainer(PPOTrainer):
         return meta.select_keys(kept)
 
     # ------------------------------------------------------------------ replay
-    def _add_replayed(self, meta: KVBatchMeta) -> KVBatchMeta:
-        """The stored rows the kit replays this step, written into TransferQueue under new keys before verl's
-        old-log-prob pass: a row joining a fresh group (``mixed``) takes its uid and the next sessions, the others
-        a new uid per new group; ``rollout_log_probs`` is the stored behaviour log-prob as generated."""
-        fresh = self._fresh
-        assert fresh is not None and fresh.uid is not None
-        replayed = self._current_step().replay(fresh)
-        if replayed is None:
-            return meta
-        first = torch.full((fresh.num_groups,), len(fresh), dtype=torch.long).scatter_reduce(
-            0, fresh.group_index.clamp_min(0), torch.arange(len(fresh)), "amin")
-        fresh_uids = [str(fresh.uid[i]) for i in first.tolist()]
-        sizes = torch.bincount(fresh.group_index[fresh.valid_rows], minlength=fresh.num_groups).tolist()
-        new_uids = [f"replay{uuid.uuid4().hex}" for _ in range(replayed.num_blocks)]
-        taken: dict[str, int] = {}
-        uids, keys = [], []
-        for join, block in zip(replayed.join.tolist(), replayed.block.tolist()):
-            uid = fresh_uids[join] if join >= 0 else new_uids[block]
-            session = taken.get(uid, sizes[join] if join >= 0 else 0)
-            taken[uid] = session + 1
-            uids.append(uid)
-            keys.append(f"{uid}_{session}_0")
-        fields, tags = fields_of(replayed.record, uids)
-        tq.kv_batch_put(keys=keys, partition_id=meta.partition_id, fields=fields, tags=tags)
-        self._replay_rows = {key: i for i, key in enumerate(keys)}
-        self._rewards.update(zip(keys, replayed.record.reward.tolist()))
-        return KVBatchMeta(partition_id=meta.partition_id, keys=[*meta.keys, *keys], tags=[*meta.tags, *tags],
-                           fields=meta.fields, extra_info=meta.extra_info)
-
-    def _store_replay(self, meta: KVBatchMeta, store: Tensor) -> None:
-        """The rows the replay method marked at on_advantage, read back from TransferQueue with the fields they
-        were generated with (before the trainer writes its own), into the kit's store."""
-        flags = store.tolist()
-        keys = list(itertools.compress(meta.keys, flags))
-        tags = list(itertools.compress(meta.tags, flags))
-        data = tq.kv_batch_get(keys=keys, partition_id=meta.partition_id, select_fields=self._generated_fields)
-        payload, lengths, objects = payload_of(data, tags)
-        self._current_step().store(payload, lengths=lengths, objects=objects)
-
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         # A replay method may fill part of the step from its buffer: the replay buffer then waits for fewer groups.
         if self.dataflex.replays:
             sample_batch_size = self._current_step().fresh_prompts(sample_batch_size)
         return super()._step_once(metrics, timing_raw, sample_batch_size)
-
-    # ------------------------------------------------------------------ generation rounds (dataflex.refill)
-    def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
-        self._dispatched.extend(str(u) for u in labels_of(batch["uid"]))
-        return super()._submit_batch_to_rollout(batch)
-
-    def _refill(self, num_prompts: int) -> int:
-        """Dispatch ``num_prompts`` more prompts for generation (counted in ``dataflex/refill/dispatched_prompts``)."""
-        self._refill_dispatched += num_prompts
-        return self._add_prompts_to_generate(num_prompts)
-
-    def _generation_rounds(self, buffer: ReplayBuffer, partition_id: str, batch_size: int) -> KVBatchMeta:
-        """The step's generation under ``dataflex.refill``, run by the host kit as on every host: each round is
-        waited for until every group of it is terminal, put through ``on_rollout`` and added to the fill, which
-        says how many prompts the next round dispatches; then the groups the fill trains are the batch, in
-        arrival order, and every other group is evicted. The step's first round is what verl dispatched
-        (``data.train_batch_size`` prompts), plus what a larger ``dataflex.refill.gen_batch_size`` asks."""
-        step = self._current_step()
-        gen = step.generation(batch_size)
-        first = gen.request()
-        if self.dataflex.refill is not None and first > len(self._dispatched):
-            self._refill(first - len(self._dispatched))
-        rounds: list[tuple[list[str], list[str]]] = []  # per round: trajectory keys (row order), failed uids
-        #: continuation prompt uid -> the group (prompt uid) its rollouts extend
-        owner: dict[str, str] = {}
-        while True:
-            uids, self._dispatched = self._dispatched, []
-            keys, failed = self._terminal_keys(buffer, partition_id, uids)
-            if keys:
-                tags = [buffer.partitions[partition_id][k] for k in keys]
-                gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True))
-                while (more := gen.continuation()) is not None:
-                    extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
-                                           more.counts.tolist(), owner)
-                    keys = keys + extra
-                    tags = [buffer.partitions[partition_id][k] for k in extra]
-                    gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
-                                              emits=True))
-            rounds.append((keys, failed))
-            n = gen.request()
-            if n == 0:
-                break
-            self._refill(n)
-        outcome = gen.finish()
-        self._rounds_skip_update = outcome.skip_update
-        keeps = iter(outcome.keeps)
-        trained: list[str] = []
-        evicted: set[str] = set()
-        failures = 0
-        for keys, failed in rounds:
-            evicted.update(failed)
-            failures += len(failed)
-            if not keys:
-                continue
-            keep = next(keeps)
-            flags = itertools.repeat(True) if keep is None else keep.tolist()
-            for key, kept in zip(keys, flags):
-                # a continuation's rows are kept or evicted with their group, under their own prompt uid
-                if kept:
-                    trained.append(uid_of(key))
-                else:
-                    evicted.add(uid_of(key))
-        trained = list(dict.fromkeys(trained))  # a uid per prompt dispatched, in arrival order
-        if failures:
-            step.metrics["dataflex/refill/failed_groups"] = float(failures)
-        snapshot = dict(buffer.partitions[partition_id])
-        if evicted:
-            buffer._clear_groups(partition_id, evicted)
-        if not trained:
-            raise RuntimeError("dataflex.refill: the generation rounds left no group with trajectories to train "
-                               "(every dispatched prompt failed)")
-        return buffer._materialize_batch(partition_id, trained, snapshot)
-
-    def _terminal_keys(self, buffer: ReplayBuffer, partition_id: str, uids: list[str]) -> tuple[list[str], list[str]]:
-        """Wait until every prompt of ``uids`` is terminal; its trajectory keys in dispatch order of their prompts
-        (the fill's arrival order), and the prompts that failed."""
-        self._wait_terminal(buffer, partition_id, set(uids))
-        failed = [u for u in uids if u in buffer.failure_keys[partition_id]]
-        wanted = set(uids) - set(failed)
-        keys = [k for k in buffer.partitions[partition_id] if uid_of(k) in wanted]
-        position = {u: i for i, u in enumerate(uids)}
-        keys.sort(key=lambda k: position[uid_of(k)])
-        return keys, failed
-
-    def _continue(self, buffer: ReplayBuffer, partition_id: str, first_keys: list[str], counts: list[int],
-                  owner: dict[str, str]) -> list[str]:
-        """A continuation round: ``counts[i]`` more rollouts of the prompt of ``first_keys[i]``'s group, dispatched
-        as new prompts (verl numbers a prompt's sessions from 0, so the same uid would overwrite the group's
-        trajectories) whose trajectories then carry the group's uid (verl's advantage groups by it); returns their
-        trajectory keys. A continuation prompt that fails adds nothing to its group."""
-        groups = [owner.get(uid_of(k), uid_of(k)) for k in first_keys]
-        spots = [self._fetched_at[g] for g in groups]
-        picked = [tu.index_select_tensor_dict(self._fetched[c], [r]) for c, r in spots]
-        batch = picked[0] if len(picked) == 1 else tu.concat_tensordict(picked)
-        fresh = [str(uuid.uuid4()) for _ in groups]
-        tu.assign_non_tensor_stack(batch, "uid", fresh)
-        tu.assign_non_tensor_stack(batch, ROLLOUT_N, [int(c) for c in counts])
-        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
-        super()._submit_batch_to_rollout(batch)  # not a round of the fill: kept out of self._dispatched
-        keys, _ = self._terminal_keys(buffer, partition_id, fresh)
-        if keys:
-            relabel = TensorDict({}, batch_size=len(keys))
-            of = dict(zip(fresh, groups))
-            tu.assign_non_tensor_stack(relabel, "uid", [of[uid_of(k)] for k in keys])
-            tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=relabel)
-        owner.update(zip(fresh, groups))
-        return keys
-
-    def _wait_terminal(self, buffer: ReplayBuffer, partition_id: str, uids: set[str]) -> None:
-        """Poll TransferQueue until every prompt of ``uids`` finished or failed."""
-        while True:
-            buffer._sync_metadata_from_transfer_queue()
-            if uids <= (buffer.finished_keys[partition_id] | buffer.failure_keys[partition_id]):
-                return
-            time.sleep(buffer.poll_interval)
-
-    def _on_finished(self, keys: list[str], tags: list[dict[str, Any]], partition: str) -> None:
-        """Newly finished groups, seen by the replay buffer before verl's own filter_groups evicts any: counted
-        and recorded in the prompt history like every generated group."""
-        if not keys:
-            return
-        meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
-        step = self._current_step()
-        batch = self._rollouts(meta, emits=False)
-        step.count_generated(batch)
-        step.record(batch)
 
     # ------------------------------------------------------------------ prompt ids and selection
     def _prompt_index(self, data: TensorDict, batch: Batch) -> torch.Tensor:
@@ -503,91 +302,6 @@ class DataflexTrainer(PPOTrainer):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage, then on_advantage; returns the meta of our own put (see module doc)."""
         return self._on_advantage(super()._compute_advantage(batch, metrics))
-
-    def _on_advantage(self, meta: KVBatchMeta) -> KVBatchMeta:
-        step = self._current_step()
-        rewards = torch.tensor([self._rewards.get(key, 0.0) for key in meta.keys], dtype=torch.float32)
-        if not self.dataflex.listens("on_advantage"):
-            self._trained_without_listeners(meta, rewards)
-            return meta
-        extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
-        replays = self.dataflex.replays
-        view, data = self._read("on_advantage", meta, [*extra, "index"] if replays else extra)
-        replay_rows = None
-        if replays:
-            view = view.with_fields(prompt_index=self._prompt_index(data, view))
-            replay_rows = torch.tensor([self._replay_rows.get(key, -1) for key in meta.keys], dtype=torch.long)
-        blocks, multiple = self._actor_blocks(len(meta))
-        action = step.advantage(view, blocks=blocks, block_multiple=multiple, replay_rows=replay_rows)
-        if action.store is not None:
-            self._store_replay(meta, action.store)
-        self._warn_empty_blocks(action.empty_blocks, action.restored_rows, action.remove, action.skip_update)
-        self._skip_update = self._skip_update or action.skip_update
-        loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
-        tokens = (view["response_mask"] if loss_mask is None else loss_mask).ne(0).sum(dim=1)
-        trained = view.valid_rows & (tokens > 0) & (not self._skip_update)
-        if action.remove is not None:
-            trained &= ~action.remove
-        step.trained(trained, tokens, rewards, view.lengths, view.group_index,
-                     replayed=None if replay_rows is None else replay_rows >= 0)
-        if self._skip_update or not action.fields:
-            return meta
-        # Nested like the response mask TransferQueue holds, for every key (padding rows included).
-        like = data["response_mask"]
-        new_meta = put(meta, {name: to_nested(value, like) for name, value in action.fields.items()})
-        # TQ's meta carries the stored fields; keep the batch-level info verl attached to the old one.
-        new_meta.extra_info = {**(meta.extra_info or {}), **(new_meta.extra_info or {})}
-        if action.remove is not None:
-            # The emptied mini-batches leave the update (and TransferQueue, which fit() would no longer
-            # clear for them); the rest keep verl's order, so every other mini-batch is unchanged.
-            flags = action.remove.tolist()
-            tq.kv_clear(keys=list(itertools.compress(meta.keys, flags)), partition_id=meta.partition_id)
-            new_meta = new_meta.select_keys([k for k, f in zip(meta.keys, flags) if not f])
-        return new_meta
-
-    def _trained_without_listeners(self, meta: KVBatchMeta, rewards: Tensor) -> None:
-        """The trained-only metrics when no method or observer acts at on_advantage: nothing is dropped
-        here, so read just the loss mask (its row lengths are the response lengths) and the groups."""
-        data = fetch(meta, {"uid", "loss_mask"})
-        loss_mask = data["loss_mask"]
-        if not loss_mask.is_nested:
-            raise BatchFieldError("dataflex verl adapter", "loss_mask", "expected a nested (jagged) tensor")
-        tokens = nested_row_counts(loss_mask)
-        _, groups = np.unique(np.asarray(labels_of(data["uid"]), dtype=object), return_inverse=True)
-        trained = ~padding_flags(meta.tags) & (tokens > 0) & (not self._skip_update)
-        step = self._current_step()
-        step.metrics["dataflex/empty_minibatches"] = 0.0
-        step.trained(trained, tokens, rewards, loss_mask.offsets().diff(), torch.from_numpy(groups.reshape(-1)))
-
-    def _actor_blocks(self, rows: int) -> tuple[Tensor | None, int | None]:
-        """The actor's mini-batches for a batch of ``rows`` rows (``None`` when the actor does not update
-        this step), and the row multiple the batch must keep if whole mini-batches are taken out
-        (``None`` when they cannot be: a shuffled order differs in every epoch)."""
-        actor = self.config.actor_rollout_ref.actor
-        mini = int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
-        if self.config.trainer.critic_warmup > self.global_steps or rows == 0 or rows % mini:
-            return None, None
-        dispatch = self.actor_rollout_wg._dispatch_info.get("actor") or [0]
-        dp = max(dispatch) + 1
-        if mini % dp:
-            return None, None
-        shuffle = bool(actor.get("shuffle", False))
-        blocks = minibatch_blocks(rows, mini, dp, epochs=int(actor.get("ppo_epochs", 1)), shuffle=shuffle,
-                                  seed=int(actor.get("data_loader_seed", 42)))
-        return blocks, None if shuffle else self._get_required_batch_multiple(dp)
-
-    def _warn_empty_blocks(self, empty: int, restored: int, remove: Tensor | None, skipped: bool) -> None:
-        if not empty:
-            return
-        self._empty_blocks_seen += 1
-        n = self._empty_blocks_seen
-        if n & (n - 1) == 0:  # 1st, 2nd, 4th, ... step: visible without flooding the log
-            removed = 0 if remove is None else int(remove.sum())
-            action = ("skipping this step's actor update" if skipped else
-                      f"taking {removed} rows out of the update" if removed else
-                      f"training {restored} dropped rows again (on_empty=keep_all)")
-            log.warning("dataflex: step %d: every row of %d mini-batch(es) was dropped; %s (%d such step(s) so "
-                        "far, counted in dataflex/empty_minibatches)", self.global_steps, empty, action, n)
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         metrics["dataflex/compute/actor_rows"] = 0.0 if self._skip_update else float(len(batch))

@@ -157,6 +157,7 @@ def test_rows_after_padding_reports_the_compute_of_an_on_rollout_drop(H, tmp_pat
 
 # ---------------------------------------------------------------------------- fields fetched
 def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partition, monkeypatch):
+    import dataflex_bus.verl.advantage as carry_out
     import dataflex_bus.verl.trainer as adapter
 
     run, meta = H.sampled(tmp_path, [
@@ -171,7 +172,8 @@ def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partiti
         fetched.append(fields)
         return real_fetch(meta, fields)
 
-    monkeypatch.setattr(adapter, "fetch", spy)
+    for module in (adapter, carry_out):  # the adapter's modules that read TransferQueue
+        monkeypatch.setattr(module, "fetch", spy)
     train_one_step(t, meta)  # through the step's end: nobody listens at on_step_end
     base = {"uid", "response_mask", "rm_scores", "data_source"}
     assert t.dataflex.fields("on_rollout") == frozenset()
@@ -181,6 +183,7 @@ def test_the_adapter_fetches_only_the_declared_fields(H, tmp_path, clean_partiti
 
 
 def test_an_event_nobody_listens_to_reads_only_what_the_metrics_need(H, tmp_path, clean_partition, monkeypatch):
+    import dataflex_bus.verl.advantage as carry_out
     import dataflex_bus.verl.trainer as adapter
 
     run, meta = H.sampled(tmp_path, SEED)
@@ -188,7 +191,8 @@ def test_an_event_nobody_listens_to_reads_only_what_the_metrics_need(H, tmp_path
     assert not t.dataflex.listens("on_advantage") and not t.dataflex.listens("on_step_end")
     fetched: list[set] = []
     real_fetch = adapter.fetch
-    monkeypatch.setattr(adapter, "fetch", lambda m, f: fetched.append(set(f)) or real_fetch(m, f))
+    for module in (adapter, carry_out):  # the adapter's modules that read TransferQueue
+        monkeypatch.setattr(module, "fetch", lambda m, f: fetched.append(set(f)) or real_fetch(m, f))
     metrics, _ = train_one_step(t, meta)  # through the step's end: nobody listens at on_step_end
     assert fetched == [{"uid", "response_mask", "rm_scores", "data_source"}, {"uid", "loss_mask"}]
     assert metrics["dataflex/trained/rows"] == metrics["dataflex/kept_rows"] > 0
