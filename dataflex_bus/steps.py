@@ -54,7 +54,7 @@ from .fill import GroupFill, PromptCounts, PromptFill, add_class_counts, kept_gr
 from .host import MINIBATCH_INDEX
 from .mechanisms.replay import VERSION_FIELD
 from .ops import segment_min
-from .step_metrics import AllocationStats, Counters, RolloutStats, trained_metrics
+from .step_metrics import AllocationStats, Counters, RolloutStats, count_prompt_tokens, trained_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -227,15 +227,16 @@ class Generation:
         self._asked = True
         return self.target
 
-    def add(self, batch: Batch, *, counted: bool = False) -> Decision:
+    def add(self, batch: Batch, *, counted: bool = False, prompt_tokens: int | None = None) -> Decision:
         """One generation round, rewarded: counted and recorded in the prompt history (unless ``counted``: the
         host showed its groups to :meth:`Step.count_generated` and :meth:`Step.record` already) and put through
-        ``on_rollout``. Returns the decision."""
+        ``on_rollout``. ``prompt_tokens``: the round's prompt tokens (:meth:`Step.count_generated`). Returns the
+        decision."""
         step = self.step
         self._close()
         if not self.continues:
             if not counted:
-                step.count_generated(batch)
+                step.count_generated(batch, prompt_tokens=prompt_tokens)
                 step.record(batch)
             decision = step.runtime.emit("on_rollout", batch, step.index)
             step.metrics.update(decision.metrics)
@@ -244,7 +245,7 @@ class Generation:
         # An allocator may extend these groups: the history and the rollout statistics wait for the round's
         # last rows; the counters count every rollout now.
         if not counted:
-            step.count_generated(batch, stats=False)
+            step.count_generated(batch, stats=False, prompt_tokens=prompt_tokens)
         decision = self._emit(batch, 0)
         self._open = _OpenRound(batch, batch, decision, counted)
         return decision
@@ -277,14 +278,15 @@ class Generation:
             raise ValueError("Generation.continuation: a group's first row lies outside the host's batch")
         return Continuation(rows, per_group[groups])
 
-    def extend(self, batch: Batch) -> Decision:
-        """The rollouts of a :meth:`continuation`, rewarded, with the ``uid`` of the groups they extend: counted,
-        appended to their groups and the round put through ``on_rollout`` again."""
+    def extend(self, batch: Batch, *, prompt_tokens: int | None = None) -> Decision:
+        """The rollouts of a :meth:`continuation`, rewarded, with the ``uid`` of the groups they extend: counted
+        (``prompt_tokens`` as in :meth:`add`), appended to their groups and the round put through ``on_rollout``
+        again."""
         o = self._open
         if o is None:
             raise ValueError("Generation.extend: no round is open (call continuation() after add())")
         step = self.step
-        step.count_generated(batch, stats=False, groups=False)
+        step.count_generated(batch, stats=False, groups=False, prompt_tokens=prompt_tokens)
         merged = concat_rows(o.batch, batch)
         if merged.num_groups != o.batch.num_groups:
             raise BatchFieldError("dataflex allocate", "uid", "continuation rollouts must carry the uid of a group "
@@ -461,13 +463,25 @@ class Step:
         """The step's generation driver for ``target`` prompts (groups)."""
         return Generation(self, target)
 
-    def count_generated(self, batch: Batch, *, stats: bool = True, groups: bool = True) -> None:
+    def count_generated(self, batch: Batch, *, stats: bool = True, groups: bool = True,
+                        prompt_tokens: int | None = None) -> None:
         """Count one generation round's rollouts (``compute/generated_*``; ``dataflex/rollout/*`` unless
-        ``stats`` is false; ``groups``: its groups are new, not a continuation's)."""
+        ``stats`` is false; ``groups``: its groups are new, not a continuation's). ``prompt_tokens``: the prompt
+        tokens of the round's rows (each row's prompt, once per rollout), given by the host; ``None``: read from
+        the batch's ``attention_mask`` over its ``prompts`` columns
+        (:func:`~dataflex_bus.step_metrics.count_prompt_tokens`)."""
         rows = int(batch.valid_rows.sum())
         self.generated_rows += rows
-        self.kit.counters.add(generated_rollouts=rows, generated_tokens=int(batch.lengths.sum()),
-                              generated_groups=batch.num_groups if groups else 0)
+        response = int(batch.lengths.sum())
+        prompt = prompt_tokens if prompt_tokens is not None else count_prompt_tokens(batch)
+        if prompt is None:
+            if not self.kit.warned_prompt_tokens:
+                self.kit.warned_prompt_tokens = True
+                log.warning("dataflex: the host gives no prompt lengths (no prompt_tokens, no attention_mask over "
+                            "prompts): compute/generated_tokens counts response tokens only (said once)")
+            prompt = 0
+        self.kit.counters.add(generated_rollouts=rows, generated_tokens=prompt + response,
+                              generated_response_tokens=response, generated_groups=batch.num_groups if groups else 0)
         if stats:
             self.rollout.add(batch)
 
@@ -660,6 +674,8 @@ class StepKit:
         self.counters = Counters()
         #: A prompt selection's round was filled with skipped candidates and the run was told (once).
         self.warned_forced = False
+        #: The host gave no prompt lengths and the run was told (once).
+        self.warned_prompt_tokens = False
 
     def begin(self, index: int) -> Step:
         """Start step ``index`` (0-based)."""

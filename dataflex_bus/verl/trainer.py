@@ -53,7 +53,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,15 @@ log = logging.getLogger("dataflex_bus")
 STATE_FILE = state.STATE_FILE
 #: Fields every event reads, whatever the method: labels, rewards and the response mask.
 BASE_FIELDS = ("uid", "response_mask", "rm_scores")
+
+
+def prompt_tokens(tags: Sequence[Mapping[str, Any]]) -> int | None:
+    """The prompt tokens of trajectories, from the ``prompt_len`` verl's agent loop writes in each TransferQueue
+    tag (``None`` when a tag lacks it: the kit then reads the batch's ``attention_mask``)."""
+    lengths = [tag.get("prompt_len") for tag in tags]
+    if any(not isinstance(n, int) for n in lengths):
+        return None
+    return int(sum(lengths))  # type: ignore[arg-type]
 #: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
 ROLLOUT_N = "__rollout_n__"
 
@@ -261,7 +270,7 @@ class DataflexTrainer(PPOTrainer):
         batch = self._rollouts(meta, emits=True) if not counted else self._read("on_rollout", meta)[0]
         # Rewards are final here; remembered by key for the trained-only metrics after the advantage.
         self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
-        gen.add(batch, counted=counted)
+        gen.add(batch, counted=counted, prompt_tokens=prompt_tokens(meta.tags))
         outcome = gen.finish()
         self._skip_update = outcome.skip_update
         keep = outcome.keeps[0]
@@ -349,14 +358,15 @@ class DataflexTrainer(PPOTrainer):
             keys, failed = self._terminal_keys(buffer, partition_id, uids)
             if keys:
                 tags = [buffer.partitions[partition_id][k] for k in keys]
-                gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True))
+                gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True),
+                        prompt_tokens=prompt_tokens(tags))
                 while (more := gen.continuation()) is not None:
                     extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
                                            more.counts.tolist(), owner)
                     keys = keys + extra
                     tags = [buffer.partitions[partition_id][k] for k in extra]
                     gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
-                                              emits=True))
+                                              emits=True), prompt_tokens=prompt_tokens(tags))
             rounds.append((keys, failed))
             n = gen.request()
             if n == 0:
@@ -443,7 +453,7 @@ class DataflexTrainer(PPOTrainer):
         meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
         step = self._current_step()
         batch = self._rollouts(meta, emits=False)
-        step.count_generated(batch)
+        step.count_generated(batch, prompt_tokens=prompt_tokens(tags))
         step.record(batch)
 
     # ------------------------------------------------------------------ prompt ids and selection
