@@ -96,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regime", metavar="FILE",
                    help="a training regime (examples/regimes/) merged over every config input; recorded in each "
                         "run.json and in compare.json")
+    p.add_argument("--independent", action="store_true",
+                   help="seed i sets trainer.seed, model.seed and data.seed to i: the base policy and the pool vary "
+                        "with the seed too (one warm start per seed, cached); recorded in compare.json")
+    p.add_argument("--tokens", action="store_true",
+                   help="columns for generated tokens (prompt + response) and the difference at equal generated "
+                        "tokens (compare.json's equal_tokens is written either way)")
+    p.add_argument("--to-target", action="store_true",
+                   help="a column for the symmetric rollouts-to-target factor: the baseline's rollouts over the "
+                        "method's at the first crossing of the baseline's final level (mean of its last 3 eval "
+                        "points); compare.json's to_target")
 
     # Every host with a doctor (``dataflex_bus.hosts``); ``dataflex_bus.doctor:cmd_doctor`` picks one: ``--host``,
     # else the host a ``--config`` file is written for, else the first.

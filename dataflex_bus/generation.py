@@ -159,15 +159,16 @@ class Generation:
         self._asked = True
         return self.target
 
-    def add(self, batch: Batch, *, counted: bool = False) -> Decision:
+    def add(self, batch: Batch, *, counted: bool = False, prompt_tokens: int | None = None) -> Decision:
         """One generation round, rewarded: counted and recorded in the prompt history (unless ``counted``: the
         host showed its groups to :meth:`Step.count_generated` and :meth:`Step.record` already) and put through
-        ``on_rollout``. Returns the decision."""
+        ``on_rollout``. ``prompt_tokens``: the round's prompt tokens (:meth:`Step.count_generated`). Returns the
+        decision."""
         step = self.step
         self._close()
         if not self.continues:
             if not counted:
-                step.count_generated(batch)
+                step.count_generated(batch, prompt_tokens=prompt_tokens)
                 step.record(batch)
             decision = step.runtime.emit("on_rollout", batch, step.index)
             step.metrics.update(decision.metrics)
@@ -176,7 +177,7 @@ class Generation:
         # An allocator may extend these groups: the history and the rollout statistics wait for the round's
         # last rows; the counters count every rollout now.
         if not counted:
-            step.count_generated(batch, stats=False)
+            step.count_generated(batch, stats=False, prompt_tokens=prompt_tokens)
         decision = self._emit(batch, 0)
         self._open = _OpenRound(batch, batch, decision, counted)
         return decision
@@ -209,14 +210,15 @@ class Generation:
             raise ValueError("Generation.continuation: a group's first row lies outside the host's batch")
         return Continuation(rows, per_group[groups])
 
-    def extend(self, batch: Batch) -> Decision:
-        """The rollouts of a :meth:`continuation`, rewarded, with the ``uid`` of the groups they extend: counted,
-        appended to their groups and the round put through ``on_rollout`` again."""
+    def extend(self, batch: Batch, *, prompt_tokens: int | None = None) -> Decision:
+        """The rollouts of a :meth:`continuation`, rewarded, with the ``uid`` of the groups they extend: counted
+        (``prompt_tokens`` as in :meth:`add`), appended to their groups and the round put through ``on_rollout``
+        again."""
         o = self._open
         if o is None:
             raise ValueError("Generation.extend: no round is open (call continuation() after add())")
         step = self.step
-        step.count_generated(batch, stats=False, groups=False)
+        step.count_generated(batch, stats=False, groups=False, prompt_tokens=prompt_tokens)
         merged = concat_rows(o.batch, batch)
         if merged.num_groups != o.batch.num_groups:
             raise BatchFieldError("dataflex allocate", "uid", "continuation rollouts must carry the uid of a group "

@@ -10,7 +10,9 @@
   and the cumulative ``dataflex/skipped_updates``; ``dataflex/sample_prob/<domain>`` when the host draws
   by domain.
 * ``compute/*``: cumulative counters, saved with every checkpoint: ``generated_rollouts``,
-  ``generated_tokens``, ``generated_groups``, ``trained_rows``, ``trained_tokens``, ``trained_groups``,
+  ``generated_tokens`` (prompt + response tokens of every generated rollout; a replayed row is not generated
+  again), ``generated_response_tokens`` (their response tokens alone), ``generated_groups``, ``trained_rows``,
+  ``trained_tokens``, ``trained_groups``,
   ``dropped_rows`` (``generated_rollouts = trained_rows - replayed_rows + dropped_rows``), ``considered_prompts``
   (every candidate a prompt selection looked at) and ``replayed_rows`` (stored rows trained again: trained,
   never generated, so a reading at equal generated rollouts credits reuse).
@@ -37,9 +39,12 @@ if TYPE_CHECKING:
 
 #: The cumulative counters, in the order they are reported.
 COUNTERS = ("generated_rollouts", "generated_tokens", "trained_rows", "trained_tokens", "considered_prompts",
-            "generated_groups", "trained_groups", "dropped_rows", "replayed_rows")
+            "generated_groups", "trained_groups", "dropped_rows", "replayed_rows", "generated_response_tokens")
 #: Counters a checkpoint written before they existed lacks (read as 0).
 _LATER_COUNTERS = ("replayed_rows",)
+#: A checkpoint without ``generated_response_tokens`` was written when ``generated_tokens`` counted response
+#: tokens only: that count is its response tokens (the prompt tokens of its steps are not known).
+_RESPONSE_ONLY = "generated_response_tokens"
 
 
 def row_metrics(prefix: str, rows: Tensor, rewards: Tensor, lengths: Tensor, groups: Tensor) -> dict[str, float]:
@@ -68,6 +73,17 @@ def trained_metrics(trained: Tensor, tokens: Tensor, rewards: Tensor, lengths: T
     out = row_metrics("dataflex/trained/", trained, rewards, lengths, groups)
     out["dataflex/trained/tokens"] = float(tokens[trained].sum())
     return out
+
+
+def count_prompt_tokens(batch: Batch) -> int | None:
+    """The prompt tokens of a batch's real rows, read from its ``attention_mask`` over the ``prompts`` columns
+    (verl's layout: ``attention_mask`` ``[B, P + R]``, its first ``P`` columns the left-padded prompt);
+    ``None`` when the batch carries neither (the host then gives the count itself)."""
+    if "prompts" not in batch.fields or "attention_mask" not in batch.fields:
+        return None
+    width = batch["prompts"].shape[-1]
+    mask = batch["attention_mask"][:, :width].ne(0)
+    return int(mask[batch.valid_rows].sum())
 
 
 class RolloutStats:
@@ -155,7 +171,10 @@ class Counters:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.skipped_updates = int(state["skipped_updates"])
-        self.values = {k: int(state[k] if k not in _LATER_COUNTERS else state.get(k, 0)) for k in COUNTERS}
+        old = dict(state)
+        if _RESPONSE_ONLY not in old:
+            old[_RESPONSE_ONLY] = old["generated_tokens"]
+        self.values = {k: int(old[k] if k not in _LATER_COUNTERS else old.get(k, 0)) for k in COUNTERS}
 
 
 

@@ -62,7 +62,7 @@ from .generation import (
 from .generation import group_labels as group_labels
 from .host import MINIBATCH_INDEX
 from .mechanisms.replay import VERSION_FIELD
-from .step_metrics import AllocationStats, Counters, RolloutStats, trained_metrics
+from .step_metrics import AllocationStats, Counters, RolloutStats, count_prompt_tokens, trained_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -220,13 +220,25 @@ class Step:
         """The step's generation driver for ``target`` prompts (groups)."""
         return Generation(self, target)
 
-    def count_generated(self, batch: Batch, *, stats: bool = True, groups: bool = True) -> None:
+    def count_generated(self, batch: Batch, *, stats: bool = True, groups: bool = True,
+                        prompt_tokens: int | None = None) -> None:
         """Count one generation round's rollouts (``compute/generated_*``; ``dataflex/rollout/*`` unless
-        ``stats`` is false; ``groups``: its groups are new, not a continuation's)."""
+        ``stats`` is false; ``groups``: its groups are new, not a continuation's). ``prompt_tokens``: the prompt
+        tokens of the round's rows (each row's prompt, once per rollout), given by the host; ``None``: read from
+        the batch's ``attention_mask`` over its ``prompts`` columns
+        (:func:`~dataflex_bus.step_metrics.count_prompt_tokens`)."""
         rows = int(batch.valid_rows.sum())
         self.generated_rows += rows
-        self.kit.counters.add(generated_rollouts=rows, generated_tokens=int(batch.lengths.sum()),
-                              generated_groups=batch.num_groups if groups else 0)
+        response = int(batch.lengths.sum())
+        prompt = prompt_tokens if prompt_tokens is not None else count_prompt_tokens(batch)
+        if prompt is None:
+            if not self.kit.warned_prompt_tokens:
+                self.kit.warned_prompt_tokens = True
+                log.warning("dataflex: the host gives no prompt lengths (no prompt_tokens, no attention_mask over "
+                            "prompts): compute/generated_tokens counts response tokens only (said once)")
+            prompt = 0
+        self.kit.counters.add(generated_rollouts=rows, generated_tokens=prompt + response,
+                              generated_response_tokens=response, generated_groups=batch.num_groups if groups else 0)
         if stats:
             self.rollout.add(batch)
 
@@ -419,6 +431,8 @@ class StepKit:
         self.counters = Counters()
         #: A prompt selection's round was filled with skipped candidates and the run was told (once).
         self.warned_forced = False
+        #: The host gave no prompt lengths and the run was told (once).
+        self.warned_prompt_tokens = False
 
     def begin(self, index: int) -> Step:
         """Start step ``index`` (0-based)."""

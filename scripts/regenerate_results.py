@@ -28,6 +28,12 @@ still reused):
   ``--runs``, ``--results`` and ``--doc`` narrow it (a small trial: two examples, one seed, one regime, a
   few steps, written outside docs/). About 4 x 18 x 5 runs of 10-40 s each: hours on 2 cores.
 
+* ``--robustness`` (alone): the pre-registered experiments of ``docs/results/robustness.md`` (#46), read
+  from its ``bash`` blocks and run as written (two ``dataflex compare`` runs at once, each on one core);
+  each one's table goes to ``docs/results/robustness_<name>.md``, its ``compare.json`` to
+  ``robustness_<name>.json`` and its figure to ``robustness_<name>.png``, the compact per-run curves of all of
+  them to ``robustness_curves.json``, and ``scripts/robustness_marks.py`` writes the marks from those curves.
+
 Every table names the CPU its runs ran on: runs are bit-identical on one machine, and another CPU gives
 other digits, within the intervals. The README's prose quotes a few of these numbers; read it again after
 a regeneration (the README test names any quoted interval no table holds).
@@ -174,6 +180,43 @@ def regimes(args: argparse.Namespace) -> None:
         print(f"{hid}: {text}")
 
 
+ROBUSTNESS_DOC = RESULTS / "robustness.md"
+
+
+def robustness() -> None:
+    """Run the experiments of robustness.md (its ``bash`` blocks, each ``--out runs/robustness/<name>``), in
+    parallel, then write their tables, JSON, figures and curves, and the marks."""
+    commands = [compare_command(block) for block in bash_blocks(ROBUSTNESS_DOC)]
+    print("\n".join("+ " + shlex.join(words) for words in commands), flush=True)
+    procs = []
+    for words in commands:
+        exe = Path(sys.executable).with_name(words[0])
+        procs.append(subprocess.Popen([str(exe) if exe.exists() else words[0], *words[1:]], cwd=ROOT))
+    failed = [shlex.join(w) for w, p in zip(commands, procs) if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"failed: {failed}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import json
+
+    from robustness_marks import curves_of, fill
+
+    curves = {}
+    for words in commands:
+        out = ROOT / option(words, "--out", "runs/compare")
+        name = out.name
+        curves[name] = curves_of(out / "compare.json")
+        shutil.copyfile(out / "compare.json", RESULTS / f"robustness_{name}.json")
+        shutil.copyfile(out / "compare.png", RESULTS / f"robustness_{name}.png")
+        table = (out / "table.md").read_text().strip()
+        (RESULTS / f"robustness_{name}.md").write_text(
+            f"# #46 robustness: {name}\n\n```bash\n{shlex.join(words)}\n```\n\n"
+            f"{TABLE_MARKERS[0]}\n{table}\n{TABLE_MARKERS[1]}\n")
+    path = RESULTS / "robustness_curves.json"
+    path.write_text(json.dumps(curves, separators=(",", ":")) + "\n")
+    for hid, r in fill(ROBUSTNESS_DOC, path).items():
+        print(f"{hid}: {r['mark']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["main", "examples"], help="one of the two (default: both)")
@@ -185,7 +228,12 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/regimes", help="--regimes: where the runs go")
     parser.add_argument("--results", default=str(RESULTS), help="--regimes: where the tables go")
     parser.add_argument("--doc", default=str(REGIME_DOC), help="--regimes: the pre-registration to mark")
+    parser.add_argument("--robustness", action="store_true",
+                        help="the pre-registered experiments of docs/results/robustness.md (see the module doc)")
     args = parser.parse_args()
+    if args.robustness:
+        robustness()
+        return
     if args.regimes:
         regimes(args)
         return

@@ -5,8 +5,12 @@ label with one run per seed. A method's number is its held-out metric at its las
 the baseline it gets the paired difference on the same seeds (Student t interval, two-sided p). A
 second reading compares every method with the baseline at *equal generated rollouts*: each pair of
 runs (same seed) is read at the smaller of their final rollout counts, so neither side is credited with
-rollouts the other did not generate. The reading between eval points is linear interpolation
-(default) or the last eval point at or below the budget (``floor``); docs/shim.md defines both.
+rollouts the other did not generate; a third at *equal generated tokens* (prompt + response tokens of
+every generated rollout, ``compute/generated_tokens``) in the same way. The reading between eval points is
+linear interpolation (default) or the last eval point at or below the budget (``floor``); docs/shim.md
+defines both. ``--to-target`` adds the symmetric rollouts-to-target factor (:func:`to_target`) and
+``--independent`` varies the base policy and the pool with the seed (``model.seed`` and ``data.seed`` set to
+it, as ``trainer.seed`` is).
 
 Outputs in ``--out``: ``compare.json`` (schema :data:`SCHEMA`), ``table.md`` and ``compare.png``. An
 earlier comparison there is never replaced without ``--force``.
@@ -49,8 +53,16 @@ COUNTERS = {
     "trained_tokens": "compute/trained_tokens",
     "modelled_cost": "compute/modelled_cost",
 }
+#: The generated-tokens budget (prompt + response tokens), read where every eval line of a run has it counted
+#: with its prompt tokens: a run written before that has no ``compute/generated_response_tokens`` (its
+#: ``generated_tokens`` then counted response tokens only) and gets no equal-tokens reading.
+TOKENS = ("generated_tokens", "compute/generated_tokens", "compute/generated_response_tokens")
 STEP_TIME = "time/step_s"
 READINGS = ("linear", "floor")
+#: ``--to-target``: the baseline's final level is the mean of its last this-many eval points.
+TARGET_POINTS = 3
+#: The optional table columns (``compare.json["columns"]``) and the option that asks for each.
+COLUMNS = {"tokens": "--tokens", "to_target": "--to-target"}
 
 
 class RunDataError(DataflexError):
@@ -136,6 +148,7 @@ def load_curve(run_dir: Path, metric: str) -> RunCurve:
         raise RunDataError(f"{run_dir}: {METRICS} has no '{metric}' on any step (eval keys there: "
                            f"{', '.join(near) or 'none'}); choose the metric with --metric")
     last_eval = max(i for i, m in enumerate(metrics) if metric in m)
+    counts_tokens = all(TOKENS[2] in m for m in metrics[: last_eval + 1] if metric in m)
     points: list[Reading] = []
     wall = 0.0
     for m in metrics[: last_eval + 1]:
@@ -145,6 +158,8 @@ def load_curve(run_dir: Path, metric: str) -> RunCurve:
         budget = {name: _number(run_dir, m, key, "a cumulative counter, needed on every eval step")
                   for name, key in COUNTERS.items()}
         budget["wall_s"] = wall
+        if counts_tokens:
+            budget[TOKENS[0]] = _number(run_dir, m, TOKENS[1], "a cumulative counter")
         if points and budget["generated_rollouts"] < points[-1].rollouts:
             raise RunDataError(f"{run_dir}: '{COUNTERS['generated_rollouts']}' decreases at step {_step(m)} "
                                "(a cumulative counter)")
@@ -163,9 +178,16 @@ def read_at_rollouts(curve: RunCurve, rollouts: float, reading: str = "linear") 
     spend), else linear interpolation of the metric, the step and every budget field between the eval
     points just below and just above it.
     """
+    return read_at(curve, "generated_rollouts", rollouts, reading)
+
+
+def read_at(curve: RunCurve, key: str, amount: float, reading: str = "linear") -> Reading | None:
+    """The run read where its budget field ``key`` (``generated_rollouts``, ``generated_tokens``) is ``amount``,
+    as :func:`read_at_rollouts` reads rollouts."""
     if reading not in READINGS:
         raise ValueError(f"reading must be one of {', '.join(READINGS)} (got {reading!r})")
-    xs = [p.rollouts for p in curve.points]
+    rollouts = amount
+    xs = [p.budget[key] for p in curve.points]
     below = [i for i, x in enumerate(xs) if x <= rollouts]
     if not below:
         return None
@@ -175,7 +197,7 @@ def read_at_rollouts(curve: RunCurve, rollouts: float, reading: str = "linear") 
     lo, hi = curve.points[i], curve.points[i + 1]
     w = (rollouts - xs[i]) / (xs[i + 1] - xs[i])
     budget = {k: lo.budget[k] + w * (hi.budget[k] - lo.budget[k]) for k in lo.budget}
-    budget["generated_rollouts"] = rollouts
+    budget[key] = rollouts
     return Reading(lo.value + w * (hi.value - lo.value), lo.step + w * (hi.step - lo.step), budget)
 
 
@@ -209,7 +231,23 @@ def analyse(curves: Mapping[str, Sequence[RunCurve]], *, baseline: str, metric: 
             raise ValueError(f"{label} is on seeds {[c.seed for c in runs]}, the baseline on {seeds}")
     methods = {label: _entry([c.final for c in runs], None if label == baseline else [c.final for c in base])
                for label, runs in curves.items()}
+    return {
+        "schema": SCHEMA, "metric": metric, "baseline": baseline, "seeds": seeds, "confidence": CONFIDENCE,
+        "methods": methods,
+        "equal_rollouts": _equal(curves, baseline, methods, "generated_rollouts", reading),
+        "equal_tokens": _equal(curves, baseline, methods, TOKENS[0], reading),
+        "runs": {label: [str(c.run_dir) for c in runs] for label, runs in curves.items()},
+        # Runs are bit-identical on one CPU, not across CPUs: the numbers say where they were computed.
+        "cpus": sorted({c.cpu for runs in curves.values() for c in runs if c.cpu is not None}),
+    }
 
+
+def _equal(curves: Mapping[str, Sequence[RunCurve]], baseline: str, methods: Mapping[str, Any], key: str,
+           reading: str) -> dict[str, Any]:
+    """Every method against the baseline at an equal budget of ``key``: each seed's pair read where both have
+    spent min(their final amounts) (``compare.json``'s ``equal_rollouts`` / ``equal_tokens``)."""
+    words = key.replace("_", " ")
+    base = curves[baseline]
     equal: dict[str, Any] = {}
     unavailable: dict[str, str] = {}
     for label, runs in curves.items():
@@ -218,12 +256,17 @@ def analyse(curves: Mapping[str, Sequence[RunCurve]], *, baseline: str, metric: 
             continue
         mine, theirs, problem = [], [], None
         for run, ref in zip(runs, base):
-            budget = min(run.final.rollouts, ref.final.rollouts)
-            a, b = read_at_rollouts(run, budget, reading), read_at_rollouts(ref, budget, reading)
+            lacking = next((c for c in (run, ref) if key not in c.final.budget), None)
+            if lacking is not None:
+                problem = (f"seed {run.seed}: {lacking.run_dir} has no {TOKENS[1]} counted with prompt tokens on "
+                           f"its eval steps (no {TOKENS[2]}: a run written before they were counted)")
+                break
+            budget = min(run.final.budget[key], ref.final.budget[key])
+            a, b = read_at(run, key, budget, reading), read_at(ref, key, budget, reading)
             if a is None or b is None:
                 late = run if a is None else ref
-                problem = (f"seed {run.seed}: the common budget ({budget:g} generated rollouts) lies before the "
-                           f"first eval point of {late.run_dir} ({late.points[0].rollouts:g})")
+                problem = (f"seed {run.seed}: the common budget ({budget:g} {words}) lies before the "
+                           f"first eval point of {late.run_dir} ({late.points[0].budget[key]:g})")
                 break
             mine.append(a)
             theirs.append(b)
@@ -234,14 +277,65 @@ def analyse(curves: Mapping[str, Sequence[RunCurve]], *, baseline: str, metric: 
         entry = _entry(mine, theirs)
         entry["delta"]["baseline_mean"] = sum(r.value for r in theirs) / len(theirs)
         equal[label] = entry
-    return {
-        "schema": SCHEMA, "metric": metric, "baseline": baseline, "seeds": seeds, "confidence": CONFIDENCE,
-        "methods": methods,
-        "equal_rollouts": {"reading": reading, "methods": equal, "unavailable": unavailable},
-        "runs": {label: [str(c.run_dir) for c in runs] for label, runs in curves.items()},
-        # Runs are bit-identical on one CPU, not across CPUs: the numbers say where they were computed.
-        "cpus": sorted({c.cpu for runs in curves.values() for c in runs if c.cpu is not None}),
-    }
+    return {"reading": reading, "methods": equal, "unavailable": unavailable}
+
+
+def first_crossing(curve: RunCurve, target: float, key: str = "generated_rollouts") -> float | None:
+    """The budget ``key`` at which the curve first reaches ``target``: linear between the eval point below it
+    and the first at or above it (that point's budget when it is the first point, or the one before is at or
+    above too); ``None``: never reached (censored)."""
+    prev: Reading | None = None
+    for p in curve.points:
+        if p.value >= target:
+            if prev is None or prev.value >= target:
+                return p.budget[key]
+            x0 = prev.budget[key]
+            return x0 + (p.budget[key] - x0) * (target - prev.value) / (p.value - prev.value)
+        prev = p
+    return None
+
+
+def target_level(curve: RunCurve, last: int = TARGET_POINTS) -> float:
+    """A run's final level, smoothed: the mean of its last ``last`` eval points."""
+    tail = curve.points[-last:]
+    return sum(p.value for p in tail) / len(tail)
+
+
+def to_target(curves: Mapping[str, Sequence[RunCurve]], baseline: str, key: str = "generated_rollouts",
+              last: int = TARGET_POINTS) -> dict[str, Any]:
+    """The symmetric rollouts-to-target factor of every method (``compare.json["to_target"]``).
+
+    Per seed, the target is the baseline's final level smoothed (:func:`target_level`); the baseline and the
+    method are both read at their *first* crossing of it (:func:`first_crossing`, the same interpolation),
+    and the factor is the baseline's budget there over the method's (above 1: the method needs less). A seed
+    where either never reaches the target is censored: listed, never dropped silently; the mean and its 95%
+    t interval are over the seeds that reach it (``reached`` of ``n``).
+    """
+    base = curves[baseline]
+    out: dict[str, Any] = {}
+    for label, runs in curves.items():
+        if label == baseline:
+            continue
+        factors: list[float | None] = []
+        at_method: list[float | None] = []
+        at_base: list[float | None] = []
+        targets: list[float] = []
+        for run, ref in zip(runs, base):
+            target = target_level(ref, last)
+            theirs, mine = first_crossing(ref, target, key), first_crossing(run, target, key)
+            targets.append(target)
+            at_base.append(theirs)
+            at_method.append(mine)
+            factors.append(theirs / mine if theirs is not None and mine is not None and mine > 0 else None)
+        reached = [f for f in factors if f is not None]
+        est = mean_ci(reached, CONFIDENCE) if reached else None
+        out[label] = {"n": len(factors), "reached": len(reached),
+                      "censored": [r.seed for r, f in zip(runs, factors) if f is None],
+                      "mean": None if est is None else est.mean, "std": None if est is None else est.std,
+                      "ci95": None if est is None else _interval(est.ci), "per_seed": factors,
+                      "method_at": at_method, "baseline_at": at_base, "target": targets}
+    return {"budget": key, "target": f"mean of {baseline}'s last {last} eval points (per seed)",
+            "last_points": last, "methods": out}
 
 
 # ---------------------------------------------------------------------------- the command
@@ -381,13 +475,16 @@ def _plan(args: argparse.Namespace, out: Path, regime: Regime | None = None) -> 
                     raise ConfigError(ConfigIssue("--seeds", f"{path} holds no run for seed(s) {missing} (it "
                                                   f"holds seed(s) {sorted(runs)})"))
                 runs = {s: runs[s] for s in args.seeds}
+            if args.independent:
+                _check_independent(runs)
             inputs.append(_Input(label, item, runs))
             continue
         config = load_config(path)
         if regime is not None:
             config = regime.apply(config)
         if args.seeds:
-            prepared = {seed: prepare(config, steps=args.steps, seed=seed) for seed in args.seeds}
+            prepared = {seed: prepare(independent(config, seed) if args.independent else config, steps=args.steps,
+                                      seed=seed) for seed in args.seeds}
         else:
             base = prepare(config, steps=args.steps)
             prepared = {base.resolved["trainer"]["seed"]: base}
@@ -401,6 +498,30 @@ def _plan(args: argparse.Namespace, out: Path, regime: Regime | None = None) -> 
     for i in inputs:
         i.runs = {seed: i.runs[seed] for seed in order}
     return inputs
+
+
+def independent(config: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """``config`` with its base policy and pool seeded by ``seed`` (``model.seed`` and ``data.seed``)."""
+    out = dict(config)
+    for section in ("model", "data"):
+        own = out.get(section)
+        if own is not None and not isinstance(own, Mapping):
+            continue  # the config check names the section
+        out[section] = {**(own or {}), "seed": seed}
+    return out
+
+
+def _check_independent(runs: Mapping[int, Path]) -> None:
+    """``--independent`` over finished runs: each must have been run with model.seed and data.seed = its seed."""
+    for seed, run_dir in runs.items():
+        config = _record(run_dir).get("config") or {}
+        got = {f"{s}.seed": (config.get(s) or {}).get("seed") for s in ("model", "data")}
+        wrong = {k: v for k, v in got.items() if v != seed}
+        if wrong:
+            shown = ", ".join(f"{k} {v!r}" for k, v in wrong.items())
+            raise ConfigError(ConfigIssue("--independent", f"{run_dir} is seed {seed} with {shown}: not an "
+                                          "independent run (--independent sets model.seed and data.seed to the "
+                                          "seed); compare it without --independent"))
 
 
 def _regime_of(inputs: Sequence[_Input], regime: Regime | None) -> dict[str, Any] | None:
@@ -440,6 +561,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.budget_reading not in READINGS:
         raise ConfigError(ConfigIssue("--budget-reading", f"unknown reading {args.budget_reading!r}", READINGS))
+    args.independent = getattr(args, "independent", False)
+    if args.independent and not args.seeds:
+        raise ConfigError(ConfigIssue("--independent", "needs --seeds: seed i sets trainer.seed, model.seed and "
+                                      "data.seed to i"))
     # Validate everything first: a typo in the third config must not cost the first two runs.
     regime = load_regime(args.regime) if getattr(args, "regime", None) else None
     inputs = _plan(args, out, regime)
@@ -479,6 +604,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     curves = {i.label: [read.get((i.label, s)) or load_curve(i.runs[s], args.metric) for s in i.runs]
               for i in inputs}
     summary = analyse(curves, baseline=baseline, metric=args.metric, reading=args.budget_reading)
+    if args.independent:
+        summary["independent"] = True
+    if getattr(args, "to_target", False):
+        summary["to_target"] = to_target(curves, baseline)
+    columns = [name for name in COLUMNS if getattr(args, name, False)]
+    if columns:
+        summary["columns"] = columns
     if shared_regime is not None:
         summary["regime"] = shared_regime
     domains: list[str] = []

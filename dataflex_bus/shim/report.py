@@ -290,10 +290,34 @@ def _count(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
+def _tokens(budget: Mapping[str, float]) -> str:
+    return _count(budget["generated_tokens"]) if "generated_tokens" in budget else "-"
+
+
+def _equal_cell(equal: Mapping[str, Any] | None, label: str, base: str) -> str:
+    if label == base:
+        return "-"
+    entry = None if equal is None else equal["methods"].get(label)
+    return "n/a" if entry is None else _delta(entry["delta"])
+
+
+def _target_cell(target: Mapping[str, Any] | None, label: str, base: str) -> str:
+    if label == base or not target:
+        return "-"
+    t = target["methods"][label]
+    reached = f"{t['reached']}/{t['n']}"
+    if t["mean"] is None:
+        return f"never ({reached})"
+    ci = t["ci95"]
+    shown = f"{t['mean']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci is not None else "")
+    return f"{shown} ({reached})"
+
+
 def compare_table(summary: Mapping[str, Any]) -> str:
     """The ``compare.json`` document as a Markdown table (also printed to the terminal), with its notes."""
     base, metric = summary["baseline"], summary["metric"]
     equal = summary["equal_rollouts"]
+    shown = summary.get("columns") or []
     rows = []
     for label, m in summary["methods"].items():
         eq = equal["methods"].get(label)
@@ -308,12 +332,20 @@ def compare_table(summary: Mapping[str, Any]) -> str:
             "Δ at equal rollouts [95% CI]": "n/a" if eq is None and label != base else _delta(eq and eq["delta"]),
             "p (equal)": _p(eq["delta"]["p_value"]) if eq and eq["delta"] else "-",
             "rollouts": _count(m["budget"]["generated_rollouts"]),
+            "generated tokens": _tokens(m["budget"]) if "tokens" in shown else None,
+            "Δ at equal tokens [95% CI]": _equal_cell(summary.get("equal_tokens"), label, base)
+            if "tokens" in shown else None,
+            "rollouts to target [95% CI]": _target_cell(summary.get("to_target"), label, base)
+            if "to_target" in shown else None,
             "trained tokens": _count(m["budget"]["trained_tokens"]),
             "cost": f"{m['budget']['modelled_cost']:.4g}" if "modelled_cost" in m["budget"] else None,
             "wall s": f"{m['budget']['wall_s']:.1f}",
         })
         if rows[-1]["cost"] is None:  # a host without the shim's cost model (TRL's runs)
             del rows[-1]["cost"]
+        for optional in ("generated tokens", "Δ at equal tokens [95% CI]", "rollouts to target [95% CI]"):
+            if rows[-1][optional] is None:  # a column not asked for (--tokens, --to-target)
+                del rows[-1][optional]
     columns = list(rows[0]) if rows else []
     seeds = ", ".join(str(s) for s in summary["seeds"])
     reading = {"linear": "linear interpolation between eval points",
@@ -329,6 +361,21 @@ def compare_table(summary: Mapping[str, Any]) -> str:
         "(wall s: summed time/step_s).",
     ]
     notes += [f"no equal-rollouts reading for {label}: {why}" for label, why in equal.get("unavailable", {}).items()]
+    if "tokens" in shown:
+        notes.append("generated tokens: prompt + response tokens of every generated rollout (replayed rows not "
+                     "counted again), seed mean; equal tokens: each seed's pair read where both have generated "
+                     f"min(their final token counts), {reading}.")
+        notes += [f"no equal-tokens reading for {label}: {why}"
+                  for label, why in (summary.get("equal_tokens") or {}).get("unavailable", {}).items()]
+    target = summary.get("to_target")
+    if "to_target" in shown and target:
+        notes.append(f"rollouts to target: per seed, {base}'s rollouts over the method's at their first crossing of "
+                     f"the target, the {target['target']} (linear between eval points, the same for both); mean "
+                     "and 95% t interval over the seeds that reach it (k/n reached; a seed that never does is "
+                     "censored, listed in compare.json).")
+    if summary.get("independent"):
+        notes.append("independent seeds (--independent): seed i sets trainer.seed, model.seed and data.seed to i, "
+                     "so the base policy and the pool vary with the seed.")
     cpus = summary.get("cpus") or []
     if cpus:
         notes.append(f"computed on {' and '.join(cpus)}: runs are bit-identical on one CPU; another CPU gives other "

@@ -15,7 +15,9 @@ TRAINER: dict[str, Param] = {
     "clip_ratio": Param(float, 0.2, low=0.0, low_open=True, doc="PPO clip range"),
     "clip_ratio_c": Param(float, 3.0, low=1.0, low_open=True, doc="dual-clip bound for negative advantages"),
     "kl_coef": Param(float, 0.0, low=0.0, doc="KL-loss coefficient to the initial policy (k3); 0 = no ref"),
-    "ppo_epochs": Param(int, 1, low=1, doc="passes over each step's batch"),
+    "ppo_epochs": Param(int, 1, low=1, doc="passes over each step's batch: each fresh batch trained k times, "
+                        "ppo_epochs x mini_batches optimizer steps (verl's ppo_epochs, TRL's num_iterations); the "
+                        "modelled cost counts every pass's tokens"),
     "mini_batches": Param(int, 2, low=1, doc="optimizer steps per epoch (rows split evenly)"),
     "temperature": Param(float, 1.0, low=0.0, low_open=True, doc="sampling temperature"),
     "max_grad_norm": Param(float, 1.0, low=0.0, low_open=True, doc="gradient clipping"),

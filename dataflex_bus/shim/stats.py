@@ -156,6 +156,29 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float 
     return PairedDifference(est.n, est.mean, est.std, est.ci, t_two_sided_p(t, est.n - 1))
 
 
+def one_sided_p(mean: float, std: float | None, n: int, value: float = 0.0) -> float | None:
+    """P(T >= t) for ``t = (mean - value) / (std / sqrt(n))``, ``n - 1`` df: the one-sided t-test that the mean
+    exceeds ``value`` (``None`` with one value; a zero std gives 0 above ``value``, else 1)."""
+    if std is None or n < 2:
+        return None
+    if std == 0.0:
+        return 0.0 if mean > value else 1.0
+    return 1.0 - t_cdf((mean - value) / (std / math.sqrt(n)), n - 1)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: the i-th smallest of ``m`` is multiplied by
+    ``m - i + 1`` (i from 1), then made non-decreasing along that order and capped at 1."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
 def significance_mark(p_value: float | None) -> str:
     """``***`` p < 0.001, ``**`` p < 0.01, ``*`` p < 0.05, ``""`` otherwise (or without a p-value)."""
     if p_value is None:
@@ -166,5 +189,5 @@ def significance_mark(p_value: float | None) -> str:
     return ""
 
 
-__all__ = ["MeanEstimate", "PairedDifference", "betainc", "mean_ci", "paired_difference", "significance_mark",
-           "t_cdf", "t_ppf", "t_two_sided_p"]
+__all__ = ["MeanEstimate", "PairedDifference", "betainc", "holm", "mean_ci", "one_sided_p", "paired_difference",
+           "significance_mark", "t_cdf", "t_ppf", "t_two_sided_p"]

@@ -43,7 +43,7 @@ from .policy import TinyPolicy, generate, token_log_probs, token_log_probs_and_e
 from .pool import TrainingSampler
 from .prompt_ids import prompt_table
 from .split import Split
-from .tasks import Prompts, exact_match, vocab_size
+from .tasks import PAD, Prompts, exact_match, vocab_size
 
 FORMAT = "dataflex-shim-checkpoint/1"
 _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
@@ -51,6 +51,11 @@ _GENERATORS = ("init", "data", "rollout", "update", "pretrain")
 _BASE_GENERATORS = ("init", "pretrain")
 def _generator(seed: int, which: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 64 + _GENERATORS.index(which) + 1)
+
+
+def _prompt_tokens(batch: Batch) -> int:
+    """The prompt tokens of a rollout batch's rows: each row's prompt without its left padding."""
+    return int(batch["prompts"].ne(PAD).sum())
 
 
 def apply_advantage(batch: Batch, action: AdvantageAction) -> tuple[Batch, bool]:
@@ -155,7 +160,7 @@ class ShimTrainer:
             chosen = step.prompts(n, lambda k: self._candidates(probs, k))
             prompts = self._join(chosen)
             batch = self._rollout(prompts, chosen.counts)
-            gen.add(batch)
+            gen.add(batch, prompt_tokens=_prompt_tokens(batch))
             while (more := gen.continuation()) is not None:  # more rollouts for some groups (SPEED)
                 # The host's batch holds each prompt's rows in a block: a first row names its prompt and uid.
                 sizes = chosen.counts if chosen.counts is not None else torch.full((len(chosen.index),),
@@ -163,7 +168,8 @@ class ShimTrainer:
                 prompt = torch.searchsorted(torch.cumsum(sizes, 0), more.rows, right=True)
                 uid = group_labels(batch)
                 assert isinstance(uid, Tensor)
-                gen.extend(self._rollout(self._take(prompts, prompt), more.counts, uid[more.rows]))
+                extra = self._rollout(self._take(prompts, prompt), more.counts, uid[more.rows])
+                gen.extend(extra, prompt_tokens=_prompt_tokens(extra))
         outcome = gen.finish()
         # Shim uids grow with every prompt, so group order is arrival order across the rounds.
         rounds = gen.batches
@@ -246,10 +252,12 @@ class ShimTrainer:
         return metrics
 
     def compute_metrics(self) -> dict[str, float]:
-        """The modelled cost of the run so far (generation weighted as in LLM RL), from the kit's counters."""
+        """The modelled cost of the run so far (generation weighted as in LLM RL), from the kit's counters: the
+        response tokens generated (decoding; the prompt's prefill is not modelled) and every token each of the
+        ``ppo_epochs`` passes trains on."""
         counters = self.kit.counters
-        return {"compute/modelled_cost": (self.t["generation_cost"] * counters["generated_tokens"]
-                                          + counters["trained_tokens"])}
+        return {"compute/modelled_cost": (self.t["generation_cost"] * counters["generated_response_tokens"]
+                                          + self.t["ppo_epochs"] * counters["trained_tokens"])}
 
     def _update(self, batch: Batch) -> dict[str, float]:
         t = self.t

@@ -279,10 +279,12 @@ def rewarded(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any]]
     p.round = data = round_data(trainer, p, inputs, rewards, full=p.kind == "collect")
     gen = trainer._dfx_gen
     assert gen is not None
+    # TRL's prompt ids are unpadded: each row's prompt, once per rollout.
+    prompt = sum(len(ids) for ids in data.prompt_ids)
     if p.extends:
-        gen.extend(data.batch)
+        gen.extend(data.batch, prompt_tokens=prompt)
     else:
-        gen.add(data.batch)
+        gen.add(data.batch, prompt_tokens=prompt)
     if p.kind == "collect":
         raise Collected
 

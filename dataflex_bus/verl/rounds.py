@@ -32,7 +32,7 @@ from ..errors import ConfigError, ConfigIssue
 from ..runtime import Runtime
 from ..steps import Step
 from .buffer import DataflexReplayBuffer
-from .tqbatch import labels_of, uid_of
+from .tqbatch import labels_of, prompt_tokens, uid_of
 
 #: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
 ROLLOUT_N = "__rollout_n__"
@@ -121,14 +121,15 @@ class GenerationRounds:
             keys, failed = self._terminal_keys(buffer, partition_id, uids)
             if keys:
                 tags = [buffer.partitions[partition_id][k] for k in keys]
-                gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True))
+                gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True),
+                        prompt_tokens=prompt_tokens(tags))
                 while (more := gen.continuation()) is not None:
                     extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
                                            more.counts.tolist(), owner)
                     keys = keys + extra
                     tags = [buffer.partitions[partition_id][k] for k in extra]
                     gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
-                                              emits=True))
+                                              emits=True), prompt_tokens=prompt_tokens(tags))
             rounds.append((keys, failed))
             n = gen.request()
             if n == 0:
@@ -216,7 +217,7 @@ class GenerationRounds:
         meta = KVBatchMeta(partition_id=partition, keys=list(keys), tags=list(tags))
         step = self._current_step()
         batch = self._rollouts(meta, emits=False)
-        step.count_generated(batch)
+        step.count_generated(batch, prompt_tokens=prompt_tokens(tags))
         step.record(batch)
 
 

@@ -69,6 +69,15 @@ def labels_of(value: Any) -> list[Any]:
     return [getattr(item, "data", item) if not isinstance(item, str) else item for item in items]
 
 
+def prompt_tokens(tags: Sequence[Mapping[str, Any]]) -> int | None:
+    """The prompt tokens of trajectories, from the ``prompt_len`` verl's agent loop writes in each TransferQueue
+    tag (``None`` when a tag lacks it: the kit then reads the batch's ``attention_mask``)."""
+    lengths = [tag.get("prompt_len") for tag in tags]
+    if any(not isinstance(n, int) for n in lengths):
+        return None
+    return int(sum(lengths))  # type: ignore[arg-type]
+
+
 def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key: str = "data_source") -> Batch:
     """Build a :class:`Batch` from a ``kv_batch_get`` result and the keys' tags.
 

@@ -84,7 +84,7 @@ from .host import describe
 from .prompts import candidate_ids, dataset_prompt_table
 from .replay import ReplayWrites, generated_fields
 from .rounds import ROLLOUT_N, GenerationRounds
-from .tqbatch import fetch, labels_of, padding_flags, to_batch
+from .tqbatch import fetch, labels_of, padding_flags, prompt_tokens, to_batch
 
 log = logging.getLogger("dataflex_bus")
 
@@ -225,7 +225,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         batch = self._rollouts(meta, emits=True) if not counted else self._read("on_rollout", meta)[0]
         # Rewards are final here; remembered by key for the trained-only metrics after the advantage.
         self._rewards = dict(zip(meta.keys, batch.rewards.tolist()))
-        gen.add(batch, counted=counted)
+        gen.add(batch, counted=counted, prompt_tokens=prompt_tokens(meta.tags))
         outcome = gen.finish()
         self._skip_update = outcome.skip_update
         keep = outcome.keeps[0]

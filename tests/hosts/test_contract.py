@@ -357,6 +357,10 @@ def reference(tmp_path_factory) -> Callable[[str], list[StepRecord]]:
     return get
 
 
+#: compute/generated_tokens: prompt + response tokens of every generated rollout.
+PROMPT_AND_RESPONSE = "compute/generated_tokens"
+
+
 def assert_same(records: list[StepRecord], reference: list[StepRecord], host: str, is_cap: float | None = None,
                 rel: float = 0.0, behaviour_is_old: bool = False) -> None:
     assert len(records) == len(reference)
@@ -384,7 +388,15 @@ def assert_same(records: list[StepRecord], reference: list[StepRecord], host: st
                 assert mine.weights == pytest.approx(row.weights, abs=1e-4, rel=rel), (where, key, "weights")
         assert sorted(got.metrics) == sorted(want.metrics), (where, set(got.metrics) ^ set(want.metrics))
         for name, value in want.metrics.items():
+            if name == PROMPT_AND_RESPONSE:
+                continue  # its prompt part is each host's own tokenization of the prompt
             assert got.metrics[name] == pytest.approx(value, abs=1e-5, rel=rel), (where, name)
+        for m in (got.metrics, want.metrics):  # every host gives its prompts' lengths: at least a token each
+            prompt = m[PROMPT_AND_RESPONSE] - m["compute/generated_response_tokens"]
+            assert prompt >= m["compute/generated_rollouts"], (where, "prompt tokens")
+        # the reference's prompts are the world's 4 tokens
+        assert want.metrics[PROMPT_AND_RESPONSE] == pytest.approx(
+            want.metrics["compute/generated_response_tokens"] + 4 * want.metrics["compute/generated_rollouts"]), where
         if want.domain_probs is None:
             assert got.domain_probs is None, where
         else:

@@ -394,7 +394,7 @@ def _comparable(doc):
     """compare.json without what no two runs share: wall times and the run directories' paths."""
     doc = json.loads(json.dumps(doc))
     doc.pop("runs")
-    for block in (doc["methods"], doc["equal_rollouts"]["methods"]):
+    for block in (doc["methods"], doc["equal_rollouts"]["methods"], doc["equal_tokens"]["methods"]):
         for entry in block.values():
             if entry is not None:
                 entry["budget"].pop("wall_s")
