@@ -18,32 +18,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from greso_report import reach  # noqa: E402  (benchmarks/ is no package)
+from preregistration import read_hypotheses  # noqa: E402  (scripts/ is no package)
 
 from dataflex_bus.shim.compare import load_curve  # noqa: E402
 from dataflex_bus.shim.stats import mean_ci  # noqa: E402
 
 READINGS = ("delta_equal_rollouts", "per_group_ratio", "rollouts_to_target")
-HYPOTHESES = re.compile(r"```yaml hypotheses\n(.+?)\n```", re.S)
 
 
 def hypotheses(doc: str) -> list[dict[str, Any]]:
     """The pre-registered hypotheses of the document, checked."""
-    found = HYPOTHESES.search(doc)
-    if found is None:
-        raise SystemExit("no ```yaml hypotheses block in the document")
-    items = yaml.safe_load(found.group(1))
-    for h in items:
-        missing = [k for k in ("id", "method", "against", "regime", "reading", "predict") if k not in h]
-        if missing or h["reading"] not in READINGS or h["predict"].get("op") not in (">", ">="):
-            raise SystemExit(f"hypothesis {h.get('id')!r}: needs id, method, against, regime, reading (one of "
-                             f"{', '.join(READINGS)}) and predict {{op: '>' or '>=', value}}; missing {missing}")
-    return items
+    return read_hypotheses(doc, group="regime", readings=READINGS, ops=(">", ">="))
 
 
 def verdict(op: str, value: float, margin: float, lo: float, hi: float) -> str:

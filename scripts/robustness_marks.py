@@ -23,16 +23,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from preregistration import read_hypotheses  # noqa: E402  (scripts/ is no package)
 
 from dataflex_bus.shim.compare import Reading, RunCurve, analyse, load_curve, to_target  # noqa: E402
 from dataflex_bus.shim.stats import holm, one_sided_p  # noqa: E402
 
 READINGS = ("delta_equal_rollouts", "delta_equal_tokens", "delta_equal_steps", "rollouts_to_target_symmetric")
-HYPOTHESES = re.compile(r"```yaml hypotheses\n(.+?)\n```", re.S)
 #: The columns of one eval point in the curves file.
 POINT = ("step", "generated_rollouts", "generated_tokens", "trained_tokens", "modelled_cost", "value")
 ALPHA = 0.05
@@ -41,16 +41,7 @@ RESULTS = ("<!-- robustness-results:start -->", "<!-- robustness-results:end -->
 
 def hypotheses(doc: str) -> list[dict[str, Any]]:
     """The pre-registered hypotheses of the document, checked."""
-    found = HYPOTHESES.search(doc)
-    if found is None:
-        raise SystemExit("no ```yaml hypotheses block in the document")
-    items = yaml.safe_load(found.group(1))
-    for h in items:
-        missing = [k for k in ("id", "method", "against", "experiment", "reading", "predict") if k not in h]
-        if missing or h["reading"] not in READINGS or h["predict"].get("op") != ">":
-            raise SystemExit(f"hypothesis {h.get('id')!r}: needs id, method, against, experiment, reading (one of "
-                             f"{', '.join(READINGS)}) and predict {{op: '>', value}}; missing {missing}")
-    return items
+    return read_hypotheses(doc, group="experiment", readings=READINGS, ops=(">",))
 
 
 # ---------------------------------------------------------------------------- the committed curves
