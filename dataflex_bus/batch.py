@@ -21,6 +21,14 @@ from .errors import BatchFieldError
 #: Field names that are row labels rather than tensors; ``Batch.has`` answers for them too.
 LABEL_FIELDS = ("uid", "data_source")
 
+#: How a host turns ``rm_scores`` into a row's outcome reward (:attr:`Batch.rewards`), so the bus reads the number
+#: the host trains on. ``masked``: ``sum_t rm_scores * response_mask`` (the shim and TRL, whose score sits on the
+#: last response token, which is always in the mask). ``row``: ``sum_t rm_scores`` over the whole row, mask or no
+#: mask, as verl's GRPO sums ``token_level_rewards`` (``core_algos.py``); verl's agent loop writes the score on the
+#: last response token whatever its mask, and a tool-agent trajectory cut after a tool response ends on mask-0
+#: tokens.
+REWARD_SPANS = {"masked": "sum of rm_scores * response_mask", "row": "sum of rm_scores over the row, mask or no mask"}
+
 
 def _index_labels(labels: Sequence[Any], field: str) -> tuple[Tensor, list[Any]]:
     """Map labels to dense ids in order of first appearance (one C-level dict pass, no per-group work).
@@ -114,7 +122,12 @@ class Batch:
         domain_names: Sequence[str] = (),
         is_padding: Tensor | None = None,
         uid: Sequence[Any] | None = None,
+        reward_span: str = "masked",
     ) -> None:
+        if reward_span not in REWARD_SPANS:
+            raise BatchFieldError("Batch", "reward_span", f"{reward_span!r} is not one of {sorted(REWARD_SPANS)}")
+        #: How :attr:`rewards` reads ``rm_scores`` (:data:`REWARD_SPANS`): the host's own reward.
+        self.reward_span = reward_span
         self.fields: dict[str, Tensor] = dict(fields)
         size = self._infer_size()
         self.is_padding = (
@@ -151,6 +164,8 @@ class Batch:
 
         ``uid``: per-row group label (strings, or an integer tensor for speed). ``domains``: per-row
         domain label (strings, or integer ids into ``domain_names``). ``is_padding``: per-row flag.
+        Rewards read ``masked`` (:data:`REWARD_SPANS`); a host reading them otherwise says so with
+        :meth:`with_reward_span`.
         """
         rows = cls._row_count(fields)
         if domain_names is not None:
@@ -311,10 +326,13 @@ class Batch:
 
     @cached_property
     def rewards(self) -> Tensor:
-        """Float ``[B]``: outcome reward ``sum_t rm_scores * response_mask`` (0 on padding rows)."""
+        """Float ``[B]``: the host's outcome reward (0 on padding rows): ``sum_t rm_scores * response_mask``, or
+        under ``reward_span="row"`` (verl) ``sum_t rm_scores`` over the whole row, as verl's GRPO reads it."""
         scores = self["rm_scores"]
         if scores.dim() == 1:
             r = scores.to(torch.float32)
+        elif self.reward_span == "row":
+            r = scores.to(torch.float32).sum(-1)
         else:
             # Multiply by the mask as it is (int/bool promote to float32): no converted [B, T] copy.
             r = (scores.to(torch.float32) * self["response_mask"]).sum(-1)
@@ -386,19 +404,29 @@ class Batch:
             domain_names=self.domain_names,
             is_padding=self.is_padding[rows],
             uid=uid,
+            reward_span=self.reward_span,
         )
 
     def derive(self, *, fields: Mapping[str, Tensor] | None = None, is_padding: Tensor | None = None,
-               domain_ids: Tensor | None = None, domain_names: Sequence[str] | None = None) -> Batch:
+               domain_ids: Tensor | None = None, domain_names: Sequence[str] | None = None,
+               reward_span: str | None = None) -> Batch:
         """A new batch sharing this one's labels, with the given parts replaced."""
-        return Batch(
+        out = Batch(
             self.fields if fields is None else fields,
             group_ids=self._raw_group_ids,
             domain_ids=self.domain_ids if domain_ids is None else domain_ids,
             domain_names=self.domain_names if domain_names is None else domain_names,
             is_padding=self.is_padding if is_padding is None else is_padding,
             uid=self.uid,
+            reward_span=self.reward_span if reward_span is None else reward_span,
         )
+        if fields is None and is_padding is None:  # the same mask on the same real rows: checked already
+            out._checked_mask = self._checked_mask
+        return out
+
+    def with_reward_span(self, span: str) -> Batch:
+        """The same batch with its outcome reward read as ``span`` (:data:`REWARD_SPANS`): the host's reward."""
+        return self if span == self.reward_span else self.derive(reward_span=span)
 
     def with_fields(self, **fields: Tensor) -> Batch:
         """A new batch with some fields added or replaced (labels shared)."""

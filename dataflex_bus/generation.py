@@ -47,7 +47,8 @@ def concat_rounds(batches: Sequence[Batch]) -> Batch:
     uid = torch.cat([torch.where(b.valid_rows, b.group_index + off, -1) for b, off in zip(batches, offsets)])
     domains = None if first.domain_ids is None else torch.cat([b.domain_index.clamp_min(0) for b in batches])
     return Batch.from_tensors(uid=uid, domains=domains, domain_names=first.domain_names,
-                              is_padding=torch.cat([b.is_padding for b in batches]), **fields)
+                              is_padding=torch.cat([b.is_padding for b in batches]),
+                              **fields).with_reward_span(first.reward_span)
 
 
 @dataclass
@@ -93,7 +94,8 @@ def concat_rows(first: Batch, more: Batch) -> Batch:
     domains = None if first.domain_ids is None else torch.cat([first.domain_index.clamp_min(0),
                                                               more.domain_index.clamp_min(0)])
     return Batch.from_tensors(uid=uid, domains=domains, domain_names=first.domain_names,
-                              is_padding=torch.cat([first.is_padding, more.is_padding]), **fields)
+                              is_padding=torch.cat([first.is_padding, more.is_padding]),
+                              **fields).with_reward_span(first.reward_span)
 
 
 @dataclass

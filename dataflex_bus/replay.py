@@ -94,7 +94,7 @@ class Replayed:
             domains = torch.cat([fresh.domain_index.clamp_min(0), rec.domain.clamp_min(0)])
         return Batch.from_tensors(uid=groups, domains=domains, domain_names=fresh.domain_names or None,
                                   is_padding=torch.cat([fresh.is_padding, torch.zeros(m, dtype=torch.bool)]),
-                                  **fields)
+                                  **fields).with_reward_span(fresh.reward_span)
 
 
 class Replay:

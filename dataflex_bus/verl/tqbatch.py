@@ -96,8 +96,10 @@ def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key:
     if not fields:
         raise BatchFieldError("dataflex verl adapter", "<fields>",
                               f"TransferQueue returned no tensor field (got {sorted(data.keys())})")
+    # verl's GRPO sums rm_scores over the whole row (the agent loop puts the score on the last response token
+    # whatever its mask): the bus reads that number too.
     return Batch.from_tensors(uid=labels.get("uid"), domains=labels.get(domain_key),
-                              is_padding=padding_flags(tags), **cast(dict[str, Any], fields))
+                              is_padding=padding_flags(tags), **cast(dict[str, Any], fields)).with_reward_span("row")
 
 
 def put(meta: KVBatchMeta, fields: Mapping[str, Tensor]) -> KVBatchMeta:

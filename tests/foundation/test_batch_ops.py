@@ -26,6 +26,23 @@ def test_rewards_and_lengths_use_the_mask():
     assert b.rewards.tolist() == [1.0, 5.0] and b.lengths.tolist() == [3, 2]
 
 
+def test_row_reward_span_reads_verls_sum_through_every_transform():
+    """verl's GRPO sums rm_scores over the whole row: a tool-agent trajectory cut after a tool response carries its
+    score on a mask-0 last token (row 0), two tool spans inside (row 1); padding rows still read 0."""
+    from dataflex_bus.generation import concat_rounds, concat_rows
+
+    rm = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 7.0]])
+    mask = torch.tensor([[1, 0, 1, 0], [1, 0, 0, 1], [1, 1, 1, 1]])
+    masked = Batch.from_tensors(uid=["a", "a", "b"], rm_scores=rm, response_mask=mask, is_padding=[0, 0, 1])
+    row = masked.with_reward_span("row")
+    assert masked.rewards.tolist() == [0.0, 0.5, 0.0] and row.rewards.tolist() == [1.0, 0.5, 0.0]
+    for derived in (row.select(torch.tensor([0, 1])), row.with_fields(extra=torch.zeros(3)),
+                    concat_rounds([row, row]), concat_rows(row, row)):
+        assert derived.reward_span == "row" and derived.rewards[:2].tolist() == [1.0, 0.5]
+    with pytest.raises(BatchFieldError, match=r"reward_span.*'masked', 'row'"):
+        masked.with_reward_span("all")
+
+
 def test_bad_batches_name_the_field():
     with pytest.raises(BatchFieldError, match="row counts disagree"):
         Batch.from_tensors(a=torch.zeros(3), b=torch.zeros(4))

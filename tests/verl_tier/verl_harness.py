@@ -134,16 +134,31 @@ def behaviour_log_probs(row: int, session: int, length: int) -> torch.Tensor:
     return -1.0 - 0.1 * ((row + session + torch.arange(length)) % 4).to(torch.float32)
 
 
+def tool_response(session: int) -> torch.Tensor:
+    """The response mask of a tool-agent trajectory (verl's ``ToolAgentLoop``): model turns (1) and tool
+    responses (0). Even sessions were cut after a tool response (``tool_agent_loop.py``: the response length is
+    reached), so they end on mask-0 tokens; odd sessions make two tool calls and end on a model turn."""
+    if session % 2 == 0:
+        spans = [(1, 2), (0, 3), (1, 2), (0, 2 + session % 3)]
+    else:
+        spans = [(1, 2), (0, 2), (1, 1), (0, 3), (1, 2 + session % 3)]
+    return torch.cat([torch.full((length,), bit, dtype=torch.int64) for bit, length in spans])
+
+
 class FakeAgentLoop:
     """Writes ``n`` trajectories per prompt into TQ like ``AgentLoopWorkerTQ`` and finishes the prompt.
 
     ``solved``: per domain, the sessions whose answer is right (default :data:`SOLVED`). ``prompts`` maps
     each generated prompt's uid to its ``(data_source, extra_info.index)``."""
 
-    def __init__(self, n: int, events: list[str], solved: dict[str, tuple[int, ...]] | None = None) -> None:
+    def __init__(self, n: int, events: list[str], solved: dict[str, tuple[int, ...]] | None = None,
+                 shape: str = "plain") -> None:
         self.n = n
         self.events = events
         self.solved = SOLVED if solved is None else solved
+        #: ``plain``: one model turn, every response token in the mask; ``tool``: tool-agent trajectories
+        #: (:func:`tool_response`).
+        self.shape = shape
         self.generated_domains: list[list[str]] = []
         self.prompts: dict[str, tuple[str, int]] = {}
 
@@ -173,11 +188,13 @@ class FakeAgentLoop:
             keys, fields, tags = [], [], []
             for s in range(n):
                 plen, rlen = 3 + row % 3, 2 + (row + s) % 4
+                mask = torch.ones(rlen, dtype=torch.int64) if self.shape == "plain" else tool_response(s)
+                rlen = mask.numel()
                 prompt = torch.tensor([(row * 7 + j) % 120 + 2 for j in range(plen)], dtype=torch.int64)
                 resp = torch.tensor([(row * 11 + s * 5 + j) % 120 + 2 for j in range(rlen)], dtype=torch.int64)
+                # As verl's agent loop (agent_loop.py): the score on the last response token, whatever its mask.
                 rm = torch.zeros(rlen, dtype=torch.float32)
                 rm[-1] = 1.0 if s % self.n in self.solved[domain] else 0.0
-                mask = torch.ones(rlen, dtype=torch.int64)
                 step = int(p["global_steps"])
                 field = {k: v for k, v in p.items()}
                 field.update(
@@ -369,8 +386,8 @@ class Run:
         t.on_init_end()
         return self
 
-    def fit(self, solved: dict[str, tuple[int, ...]] | None = None) -> Run:
-        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events, solved)
+    def fit(self, solved: dict[str, tuple[int, ...]] | None = None, shape: str = "plain") -> Run:
+        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events, solved, shape)
         self.logged: list[dict[str, Any]] = []
         trainer = self.trainer
         original = trainer._compute_metrics

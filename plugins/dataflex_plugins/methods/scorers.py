@@ -18,7 +18,8 @@ from ._checks import check_token_shape
 
 
 class RewardDifficulty(Scorer):
-    """``s_i = r_i``: the outcome reward of each rollout (``sum_t rm_scores * response_mask``).
+    """``s_i = r_i``: the outcome reward of each rollout, as the host trains on it (``Batch.rewards``:
+    ``sum_t rm_scores * response_mask`` on the shim and TRL, the whole row's sum on verl).
 
     The simplest difficulty signal; PODS (``max_variance``) and ``reward_gap`` are defined on it.
     """
