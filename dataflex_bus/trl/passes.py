@@ -40,7 +40,7 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
 
     step = trainer.dataflex_kit.begin(trainer._dfx_generations)
     trainer._dfx_generations += 1
-    probs = step.domain_probabilities(trainer._dfx_domains or []) if trainer.dataflex.mixes else None
+    probs = step.domain_probabilities(trainer._dfx_domains or []) if trainer.dataflex.plan.samples_domains else None
     # A replay method may fill part of the step from its store (DOTS's fresh share): fewer prompts generated.
     gen = trainer._dfx_gen = step.generation(step.fresh_prompts(trainer._dfx_target))
     trainer._dfx_fillers = 0
@@ -71,7 +71,7 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
                             "least one generated round; plan at most target - 1 groups (as rollout_replay does)")
     if trainer._dfx_collects:
         kept = Kept.of(rounds, kept_refs(rounds, outcome))
-        if trainer.dataflex.replays and len(kept) and not outcome.skip_update:
+        if trainer.dataflex.plan.replays and len(kept) and not outcome.skip_update:
             rounds, kept = with_replayed(trainer, step, rounds, kept)
         out, layout = trainer._dfx_replay(rounds, kept)
     else:

@@ -60,7 +60,7 @@ def load(trainer: DataflexGRPOTrainer, state: dict[str, Any], source: str = STAT
     def dataset(saved: Any) -> None:
         # Only state keyed by prompt id (history, replay buffer, prompt selection) depends on which prompt sits at
         # a row; a checkpoint without the entry (an older dataflex-bus) is refused only then.
-        if trainer.dataflex.needs_prompt_ids:
+        if trainer.dataflex.plan.needs_prompt_ids:
             dataset_id.check(saved, dataset_identity(trainer), "its per-prompt state (history, replay buffer)",
                              SAME_DATASET)
 

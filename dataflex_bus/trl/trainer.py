@@ -132,7 +132,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_unit = round_unit(G, P)  # prompts a round is rounded to, so every process gets whole rows
         #: Rounds stop after their rewards and TRL's method runs again on the kept rows (passes.py).
         #: Groups of any size (an allocation): TRL's advantages are replaced by the host's over the groups.
-        self._dfx_ragged = runtime.allocates
+        self._dfx_ragged = bool(runtime.plan.allocates)
         #: (Stored rows join the kept rows' pass: replays.py.) The plan the host's refusals read (environments).
         self._dfx_collects = runtime.plan.regenerates
         self._dfx_fillers = 0  # filler rollouts of the current generation batch (passes.sharded)
@@ -144,7 +144,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_stream = None
         self._dfx_dataset_id: dict[str, Any] | None = None  # (computed when first needed: state.py)
         dataset: Any = self.train_dataset
-        labels = domain_labels(dataset, runtime.domain_key, required=runtime.mixes) if hasattr(
+        labels = domain_labels(dataset, runtime.domain_key, required=bool(runtime.plan.samples_domains)) if hasattr(
             dataset, "column_names") else None
         sampler = prepare_prompts(runtime, lambda: prompt_table(labels, len(dataset)), labels=labels,
                                   seed=int(args.seed))
@@ -154,7 +154,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         self._dfx_domains = sampler.domains if sampler is not None else (
             runtime.configured_domains or (sorted(set(labels)) if labels is not None else None))
         row_domain = None
-        if runtime.needs_prompt_ids:
+        if runtime.plan.needs_prompt_ids:
             assert runtime.prompt_table is not None
             position = {d: i for i, d in enumerate(runtime.prompt_table.domains)}
             row_domain = torch.tensor([position[x] for x in (labels or ["default"] * len(dataset))])

@@ -34,7 +34,7 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
     runtime, processes = trainer.dataflex, trainer._dfx_processes
     skip = outcome.skip_update
     wanted = runtime.fields("on_advantage") | runtime.fields("on_step_end")
-    behaviour = runtime.replays or "rollout_log_probs" in wanted
+    behaviour = bool(runtime.plan.replays) or "rollout_log_probs" in wanted
     if behaviour:  # the behaviour log-probs (stored by a replay) are the old ones; the correction's pi_old
         wanted = wanted | {"old_log_probs"}
     batch = None
@@ -49,7 +49,7 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
         fresh = len(kept) - (0 if replayed is None else len(replayed))
         batch = batch.with_fields(rollout_log_probs=replays.behaviour_log_probs(batch["old_log_probs"], replayed,
                                                                                 fresh))
-        rows = replays.replay_rows(len(kept), fresh) if runtime.replays else None
+        rows = replays.replay_rows(len(kept), fresh) if runtime.plan.replays else None
     action = step.advantage(batch, replay_rows=rows) if batch is not None and runtime.listens(
         "on_advantage") else AdvantageAction()
     if action.store is not None:
