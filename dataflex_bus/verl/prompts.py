@@ -13,6 +13,38 @@ from ..history import PromptTable
 from ..sampler import domain_labels
 from .tqbatch import labels_of
 
+#: The dataset attribute dataflex reads the training prompts' table from: verl's ``RLHFDataset.dataframe``, a
+#: ``datasets.Dataset`` of every training row (columns ``data_source``, ``extra_info``, ``prompt``).
+FRAME = "dataframe"
+#: The plan's parts (:data:`~dataflex_bus.plan.WHY`) that read that table: stable prompt ids (a selection before
+#: generation, the per-prompt history, a replay buffer) and a mixer's domain labels of every row. Refill alone
+#: draws through verl's own dataloader.
+ROW_TABLE_PARTS = ("before_generation", "reads_history", "replays", "samples_domains")
+
+
+def training_frame(dataset: Any, needs: Mapping[str, str], custom_cls: Any = None) -> Any:
+    """The table of ``dataset``'s training rows when the block ``needs`` it (config key -> why: the plan's
+    :meth:`~dataflex_bus.plan.Plan.draws_by_row` parts that read the dataset by row), ``None`` when nothing does.
+
+    Any dataset verl accepts (``data.custom_cls``) runs when nothing needs its rows by id; a block that does is
+    refused, one issue per config key asking, naming ``data.custom_cls`` and what the class lacks."""
+    if not needs:
+        return None
+    frame = getattr(dataset, FRAME, None)
+    if frame is not None and hasattr(frame, "column_names") and hasattr(frame, "__getitem__"):
+        return frame
+    custom = custom_cls is not None and custom_cls.get("path", None) is not None
+    name = type(dataset).__qualname__
+    where = f"data.custom_cls ({name} from {custom_cls.get('path')})" if custom else f"the training dataset ({name})"
+    lacks = (f"has no `{FRAME}` attribute" if frame is None
+             else f"has a `{FRAME}` of type {type(frame).__name__}, not a table with column_names")
+    key = "data.custom_cls" if custom else "data.train_files"
+    raise ConfigError([ConfigIssue(key, f"{mkey} {why}, so dataflex reads the training prompts' table (data source, "
+                                   f"extra_info.index and prompt of every row) from the dataset's `{FRAME}`, as "
+                                   f"verl's RLHFDataset keeps it (a datasets.Dataset); {where} {lacks}. Keep the "
+                                   f"rows in `self.{FRAME}` (subclass RLHFDataset) or drop {mkey}")
+                       for mkey, why in needs.items()])
+
 
 def dataset_prompt_table(frame: Any, domain_key: str, prompt_key: str = "prompt") -> PromptTable:
     """The training dataset's prompt ids ``(domain_key column, extra_info.index)``, checked once.

@@ -81,9 +81,10 @@ from . import state
 from .advantage import AdvantageCarryOut
 from .guard import DATAFLEX_MODE_FOR
 from .host import describe
-from .prompts import candidate_ids, dataset_prompt_table
+from .prompts import ROW_TABLE_PARTS, candidate_ids, dataset_prompt_table, training_frame
 from .replay import ReplayWrites, generated_fields
 from .rounds import ROLLOUT_N, GenerationRounds
+from .sessions import later_outputs, refuse_multi_output
 from .tqbatch import fetch, labels_of, padding_flags, prompt_tokens, to_batch
 
 log = logging.getLogger("dataflex_bus")
@@ -173,6 +174,10 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         ``response_mask`` gives the row lengths for writing back). ``emits=False``: no event is emitted on
         the batch (counters, history), so only the base fields are fetched, not what the methods read."""
         fields = (self._event_fields(event) if emits else {*BASE_FIELDS, self.domain_key}) | set(extra_fields)
+        if self.dataflex.pipeline is not None and later_outputs(meta.keys):
+            names = fetch(meta, ["agent_name"]).get("agent_name", None)
+            refuse_multi_output(meta.keys, [] if names is None else labels_of(names),
+                                self.config.actor_rollout_ref.rollout.get("agent", {}).get("default_agent_loop"))
         data = fetch(meta, fields)
         if len(data.keys()) == 0 or data.batch_size[0] != len(meta.keys):
             raise BatchFieldError("dataflex verl adapter", ",".join(sorted(fields)),
@@ -349,9 +354,11 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
             with open_dict(self.config):
                 self.config.data.gen_batch_size = 1
         super()._init_dataloader()
-        frame = self.train_dataset.dataframe
+        plan = self.dataflex.plan
+        # Any dataset verl accepts runs with no block; a block drawing prompts by row reads its table of rows.
+        frame = training_frame(self.train_dataset, plan.reasons(*ROW_TABLE_PARTS), self.config.data.get("custom_cls"))
         seed = self.config.data.get("seed", None)
-        labels = domain_labels(frame, self.domain_key, required=True) if self.dataflex.plan.samples_domains else None
+        labels = domain_labels(frame, self.domain_key, required=True) if plan.samples_domains else None
         self.domain_sampler = prepare_prompts(
             self.dataflex, lambda: dataset_prompt_table(frame, self.domain_key, self.config.data.get("prompt_key",
                                                                                                    "prompt")),

@@ -102,3 +102,62 @@ def test_tool_agent_rewards_are_verls_for_scorer_history_and_mixer(H, tmp_path, 
         if seen_domains[d]:
             assert r == pytest.approx(len(solved[d]) / 4)
     assert seen_domains["math"] and rbar["math"] == pytest.approx(0.5)
+
+
+@pytest.mark.tq
+def test_multi_output_sessions_are_refused_naming_the_agent_loop(H, tmp_path, clean_partition):
+    """verl's GRPO reads each session's final output only; counting every output would weigh a session twice."""
+    from seed_config import SEED
+
+    from dataflex_bus.errors import ConfigError
+
+    data = H.write_dataset(tmp_path / "train.parquet", {"math": 3, "code": 3})
+    run = H.Run(H.base_overrides(data, tmp_path / "ckpt", batch=2, steps=1) + SEED).setup()
+    with pytest.raises(ConfigError) as err:
+        run.fit(shape="multi")
+    text = str(err.value)
+    assert "'two_output_agent' returned several outputs per session" in text and "_1'" in text
+    assert err.value.issues[0].key == "actor_rollout_ref.rollout.agent.default_agent_loop"
+    assert "update_actor" not in run.events
+
+
+@pytest.mark.tq
+@pytest.mark.integration
+def test_validation_runs_through_verl_without_bus_events(H, tmp_path, clean_partition):
+    """val_before_train and test_freq=1 with a block: verl's own _validate on the val partition (its buffer sample,
+    its metrics), and no dataflex event fires on a validation batch."""
+    from seed_config import SEED
+
+    data = H.write_dataset(tmp_path / "train.parquet", {"math": 3, "logic": 3, "code": 3})
+    over = [s for s in H.base_overrides(data, tmp_path / "ckpt", batch=3, steps=2)
+            if not s.startswith(("trainer.test_freq", "trainer.val_before_train"))]
+    run = H.Run(over + SEED + ["trainer.val_before_train=True", "trainer.test_freq=1"]).setup()
+    validations: list[dict] = []
+    validate = run.trainer._validate
+
+    def spy():
+        run.events.append("validate")
+        out = validate()
+        validations.append(out)
+        return out
+
+    run.trainer._validate = spy
+    run.fit()
+    bus = {"on_prompts", "on_rollout", "on_advantage", "on_step_end"}
+    marks = [i for i, event in enumerate(run.events) if event == "validate"]
+    # before training, after step 1 and after step 2 (verl validates after its last step too)
+    assert len(marks) == 3 and run.events.count("update_actor") == 2
+    for i in marks:  # the validation's own generation follows at once: nothing emitted on its batch
+        assert run.events[i + 1] == "generate" and not bus & set(run.events[i + 1:i + 2])
+    emitted = [(event, batch) for event, _, batch in run.decisions]
+    assert [event for event, _ in emitted] == [e for e in run.events if e in bus]
+    rollouts = [batch for event, batch in emitted if event == "on_rollout"]
+    # two training batches (3 prompts x rollout.n=4), never a validation one (9 prompts x 1 session)
+    assert len(rollouts) == 2 and all(b.group_sizes.tolist() == [4, 4, 4] for b in rollouts)
+    assert len(validations) == 3
+    for metrics in validations:
+        # verl's own metrics of the 9 validation prompts (one session each: math and logic solve session 0)
+        by_domain = {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("val-core/") and "reward" in k}
+        assert by_domain == {"math": 1.0, "logic": 1.0, "code": 0.0}
+        assert not any(k.startswith("dataflex/") for k in metrics)
+    assert len(run.trainer.actor_rollout_wg.updates) == 2

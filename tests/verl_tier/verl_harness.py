@@ -98,6 +98,9 @@ class StubTokenizer:
     eos_token_id = 1
     pad_token_id = 0
 
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:  # verl's _validate logs the texts
+        return " ".join(str(int(i)) for i in ids)
+
 
 class StubReward:
     # Non-None: rewards come from the agent loop (streaming path), no colocated reward model.
@@ -157,7 +160,7 @@ class FakeAgentLoop:
         self.events = events
         self.solved = SOLVED if solved is None else solved
         #: ``plain``: one model turn, every response token in the mask; ``tool``: tool-agent trajectories
-        #: (:func:`tool_response`).
+        #: (:func:`tool_response`); ``multi``: two outputs per session.
         self.shape = shape
         self.generated_domains: list[list[str]] = []
         self.prompts: dict[str, tuple[str, int]] = {}
@@ -181,10 +184,13 @@ class FakeAgentLoop:
         self.generated_domains.append([p["data_source"] for p in prompts])
         for p in prompts:
             uid, row, domain = p["uid"], int(p["extra_info"]["index"]), p["data_source"]
-            self.prompts[str(uid)] = (domain, row)
-            # As AgentLoopManagerTQ._run_prompt: a per-prompt __rollout_n__ column overrides rollout.n.
-            n = int(p.pop("__rollout_n__", self.n))
-            tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
+            # As AgentLoopManagerTQ._run_prompt: validation prompts go to the "val" partition, val_kwargs.n (1)
+            # sessions each; a per-prompt __rollout_n__ column overrides rollout.n.
+            partition = "val" if bool(p.get("validate", False)) else "train"
+            if partition == "train":
+                self.prompts[str(uid)] = (domain, row)
+            n = int(p.pop("__rollout_n__", self.n if partition == "train" else 1))
+            tq.kv_put(key=uid, partition_id=partition, tag={"status": "running"})
             keys, fields, tags = [], [], []
             for s in range(n):
                 plen, rlen = 3 + row % 3, 2 + (row + s) % 4
@@ -204,13 +210,19 @@ class FakeAgentLoop:
                     extra_fields={"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
                     session_id=s,
                 )
-                keys.append(f"{uid}_{s}_0")
-                fields.append(field)
-                tags.append({"status": "success", "prompt_len": plen, "response_len": rlen,
-                             "seq_len": plen + rlen, "global_steps": step,
-                             "min_global_steps": step, "max_global_steps": step})
-            tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
-            tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+                # ``multi``: an agent loop returning two outputs per session (keys ``_0`` and ``_1``, both carrying
+                # the session's final score, as AgentLoopWorkerTQ._agent_loop_postprocess writes them).
+                outputs = 2 if self.shape == "multi" else 1
+                if self.shape == "multi":
+                    field["agent_name"] = "two_output_agent"
+                for index in range(outputs):
+                    keys.append(f"{uid}_{s}_{index}")
+                    fields.append(field)
+                    tags.append({"status": "success", "prompt_len": plen, "response_len": rlen,
+                                 "seq_len": plen + rlen, "global_steps": step,
+                                 "min_global_steps": step, "max_global_steps": step})
+            tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
+            tq.kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
 
 
 # ---------------------------------------------------------------------------- fake actor worker group
