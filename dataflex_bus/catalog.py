@@ -144,7 +144,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     registry = get_plugins().registry()
     kind = args.kind
-    slots = ["scorer", "actuator"] if kind is None else [slot_of(kind)]
+    slots = ["scorer", "actuator", "predictor"] if kind is None else [slot_of(kind)]
     specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
     if not specs and kind is None and (entry := mechanism_info(args.name, registry)) is not None:
         print(json.dumps([entry], indent=2, sort_keys=True) if args.json else _mechanism_text(entry))

@@ -58,5 +58,5 @@ def test_register_component_reads_the_kind_from_the_class():
 
 
 def test_register_component_refuses_a_class_of_no_kind():
-    with pytest.raises(ValueError, match=r"'Actuator' has kind '', not one of scorer, selector"):
+    with pytest.raises(ValueError, match=r"'Actuator' has kind '', not one of scorer, predictor, selector"):
         register_component("t_nothing")(components.Actuator)
