@@ -72,7 +72,10 @@ def dps_step(alpha: Tensor, pi_before: Tensor, pi_new: Tensor, prior: Tensor, de
     Dirichlet parameters and the predicted next-state distribution."""
     p = dps_expected(alpha)
     numerator = pi_new[:, :, None] * pi_before[:, None, :] * p
-    update = numerator / numerator.sum(dim=(1, 2), keepdim=True) * learning_rate
+    # A transition the prior forbids (the `local` prior's 0 -> 2) has no mass: no soft count (the authors'
+    # code divides 0 by 0 there and carries NaN on)
+    total = numerator.sum(dim=(1, 2), keepdim=True)
+    update = torch.where(total > 0, numerator / total.clamp_min(1e-300), 0.0) * learning_rate
     alpha_new = alpha * decay + prior * (1 - decay) + update
     nxt = (dps_expected(alpha_new) @ pi_new[:, :, None]).squeeze(-1)
     nxt = nxt / nxt.sum(dim=1, keepdim=True)
