@@ -222,3 +222,12 @@ def test_a_trainable_predictor_saves_model_and_optimizer_and_resumes_exactly(loc
         other = PredictorRun(Learned(), "local")
         other.bind(7)
         other.load_state_dict(state)
+
+
+def test_info_shows_a_predictor_with_its_columns_and_a_validated_block(capsys):
+    from dataflex_bus.cli import main
+
+    assert main(["info", "dps"]) == 0
+    out = capsys.readouterr().out
+    assert "dps (predictor)" in out and "columns:      p, partial, entropy" in out
+    assert "on_prompts (predicts p for the candidates)" in out and "not checked valid" not in out
