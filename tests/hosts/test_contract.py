@@ -258,6 +258,11 @@ def _dps(records: list[StepRecord]) -> None:
     assert "dataflex/predictor/spearman" not in records[0].metrics
 
 
+def _learnability_cures(records: list[StepRecord]) -> None:
+    _mopps(records)  # 6 candidates, the 3 of highest predicted p(1-p) generated (the same ones on every host)
+    assert all(r.metrics["dataflex/predictor/brier"] >= 0 for r in records)
+
+
 def _vip(records: list[StepRecord]) -> None:
     for r in records:  # every prompt generated, the 24 rollouts of plain GRPO split by the predicted p(1-p)
         assert r.metrics["dataflex/alloc/rollouts"] == 24 and len(r.trained) == 24
@@ -356,6 +361,10 @@ CASES: dict[str, Case] = {
     "prompts-dps": Case({"predictor": {"name": "dps"}, "mechanism": "select",
                          "scorer": {"name": "predicted", "params": {"column": "partial"}},
                          "actuator": {"name": "top_b", "params": {"pool": 2}}}, _dps, steps=2, batch=3),
+    "prompts-learnability-cures": Case({"predictor": {"name": "cures"}, "mechanism": "select",
+                                        "scorer": {"name": "predicted"},
+                                        "actuator": {"name": "learnability", "params": {"pool": 2}}},
+                                       _learnability_cures, steps=2, batch=3),
     "allocate-vip": Case({"predictor": {"name": "vip"}, "mechanism": "allocate", "scorer": {"name": "predicted"},
                           "actuator": {"name": "variance_split", "params": {"min_n": 2, "max_n": 8}}}, _vip, steps=2),
     "select-snr": Case({"mechanism": "select", "scorer": {"name": "reward_variance"},
@@ -550,6 +559,7 @@ def test_a_host_lacking_a_capability_skips_the_cases_that_need_it_and_runs_the_r
     assert skipped(FourthHost({"prompt_selection", "refill"}).description()) == {
         "prompts-greso": ["prompt_selection"], "prompts-mopps": ["prompt_selection"],
         "prompts-dps": ["prompt_selection"], "allocate-vip": ["prompt_selection"],
+        "prompts-learnability-cures": ["prompt_selection"],
         "prompts-no-positive-resampling": ["prompt_selection"],
         "allocate-knapsack": ["prompt_selection"], "allocate-knapsack-skip": ["prompt_selection"],
         "allocate-pilot-commit": ["prompt_selection"],
