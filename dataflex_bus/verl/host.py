@@ -157,6 +157,7 @@ def describe(config: Any) -> HostDescription:
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
     row, basis = row_bytes(config)
+    stored, stored_basis = stored_row_bytes(config)
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
                            group_size=n, prompts_per_step=_positive(select(config, "data.train_batch_size")),
                            loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
@@ -164,7 +165,8 @@ def describe(config: Any) -> HostDescription:
                            missing=missing, check=lambda cfg, key: block_issues(config, cfg, key),
                            rollout_is=None if rollout_is is None or bool(
                                select(config, f"{ROLLOUT_CORRECTION}.bypass_mode", False)) else str(rollout_is),
-                           row_bytes=row, row_bytes_basis=basis)
+                           row_bytes=row, row_bytes_basis=basis, stored_row_bytes=stored,
+                           stored_row_basis=stored_basis)
 
 
 def row_bytes(config: Any) -> tuple[int, str]:
@@ -178,6 +180,21 @@ def row_bytes(config: Any) -> tuple[int, str]:
     r = _positive(select(config, "data.max_response_length")) or 512
     return (3 * (p + r) * 8 + p * 8 + 2 * r * 8 + 9 * r * 4,
             f"data.max_prompt_length {p} + data.max_response_length {r} tokens of ids, masks and per-token values")
+
+
+def stored_row_bytes(config: Any) -> tuple[int, str]:
+    """``(bytes, basis)`` of one trajectory in the replay store at the longest prompt ``P`` and response ``R``
+    (``data.max_prompt_length``, ``data.max_response_length``): its fields as generated, packed
+    (:mod:`dataflex_bus.packed`): token ids of ``prompts``, ``responses`` and ``input_ids`` as int32 (a
+    vocabulary over 65,536 words), ``response_mask`` and ``attention_mask`` one byte a token and
+    ``position_ids`` two (where they are not derived), ``rm_scores``, ``rollout_log_probs`` and the behaviour
+    log-probs float32 (where they are not shared), the extents and 1 KiB of non-tensor columns. An upper bound:
+    a row at the longest lengths, nothing derived."""
+    p = _positive(select(config, "data.max_prompt_length")) or 512
+    r = _positive(select(config, "data.max_response_length")) or 512
+    t = p + r
+    return (4 * (p + r + t) + (r + t) + 2 * t + 3 * 4 * r + 2 * 8 + 1024,
+            f"data.max_prompt_length {p} + data.max_response_length {r} tokens, packed")
 
 
 def _positive(value: Any) -> int | None:

@@ -73,8 +73,9 @@ def test_replay_needs_the_rollout_log_probs_the_sync_trainer_and_no_verl_dapo():
 
 
 # ---------------------------------------------------------------------------- under verl's fit
-def _dots_run(H, data, ckpt: Path, steps: int):
-    return H.Run(H.base_overrides(data, ckpt, batch=4, mini=4, steps=steps) + DOTS + [f"{RC}.rollout_is=token"]).setup()
+def _dots_run(H, data, ckpt: Path, steps: int, extra: tuple[str, ...] = ()):
+    return H.Run(H.base_overrides(data, ckpt, batch=4, mini=4, steps=steps) + DOTS + [f"{RC}.rollout_is=token",
+                                                                                      *extra]).setup()
 
 
 @pytest.mark.tq
@@ -82,7 +83,10 @@ def _dots_run(H, data, ckpt: Path, steps: int):
 def test_fit_replays_into_transfer_queue_and_resumes_exactly(H, tmp_path, clean_partition):
     tq = clean_partition
     data = H.write_dataset(tmp_path / "train.parquet", {"math": 4, "logic": 4, "code": 4})
-    full = _dots_run(H, data, tmp_path / "full", 3).fit()
+    # verl keeps its 2 newest checkpoints; the state files (each holding the replay buffer) go with the rest
+    full = _dots_run(H, data, tmp_path / "full", 3, ("trainer.max_actor_ckpt_to_keep=2",)).fit()
+    kept = sorted(p.parent.name for p in (tmp_path / "full").glob("global_step_*/dataflex_state.pt"))
+    assert kept == ["global_step_2", "global_step_3"]
     logged = full.logged
     assert [m["dataflex/replay/fresh_prompts"] for m in logged] == [4, 2, 2]
     assert [m["dataflex/replay/rows"] for m in logged] == [0, 8, 8]
