@@ -14,8 +14,9 @@ each, torch on one thread:
   reads padded, ``compute_advantage`` for GRPO and ``compute_data_metrics``; goal 1.0).
 
 Then the cost curves (``curve_...`` JSON lines): driver time per row from 1k to 16k rows and from 512 to 8k
-tokens (band selection at on_rollout), the prompt history's bytes per prompt at 1M prompts, the prompt table's
-build time at 10M rows, and the shim's step time per row from 64 to 4,096 prompts per step.
+tokens (band selection at on_rollout), the prompt history's (and its table's) bytes per prompt at 1M prompts,
+the prompt table's build time at 10M rows, and the shim's step time per row from 64 to 4,096 prompts per step
+(group size 4, advantage_reweight; a run of 3 steps less a run of 1, so the set-up is not counted).
 
 Run: ``python benchmarks/bench_scale.py [--rows 16384 --tokens 8192]`` (a few minutes; ``--quick`` for a look).
 """
@@ -176,25 +177,36 @@ def curves(quick: bool) -> None:
         r = run_child("band@on_rollout", 4096, tokens)
         emit("curve_driver_us_per_row_by_tokens", 1e6 * r["seconds"] / 4096, None, "us/row", rows=4096,
              tokens=tokens)
-    from dataflex_bus.history import PromptTable
+    from dataflex_bus.history import PromptHistory, PromptTable
 
     n = 100_000 if quick else 1_000_000
     table = PromptTable.full(["math", "code"], [n // 2, n - n // 2], column="row")
-    held = sum(v.numel() * v.element_size() for v in vars(table).values() if isinstance(v, torch.Tensor))
-    emit("curve_prompt_table_bytes_per_prompt", held / n, None, "bytes/prompt", prompts=n)
+    history = PromptHistory(table)
+    held = sum(v.numel() * v.element_size() for v in (*vars(history).values(), *vars(table).values())
+               if isinstance(v, torch.Tensor))
+    emit("curve_history_bytes_per_prompt", held / n, None, "bytes/prompt", prompts=n)
+    del history, table
     n = 1_000_000 if quick else 10_000_000
     start = time.perf_counter()
     PromptTable.full(["math", "code"], [n // 2, n - n // 2], column="row")
     emit("curve_prompt_table_build_s", time.perf_counter() - start, None, "s", rows=n)
+    import tempfile
+
     from dataflex_bus.shim import run_training
 
+    def shim_seconds(prompts: int, steps: int) -> float:
+        cfg = {"trainer": {"steps": steps, "group_size": 4, "prompts_per_step": prompts},
+               "model": {"pretrain_steps": 0}, "dataflex": METHODS["advantage_reweight@on_advantage"]}
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            run_training(cfg, out=os.path.join(out, "run"))
+            return time.perf_counter() - start
+
+    shim_seconds(64, 1)  # imports and first-call costs
     for prompts in ([64, 256] if quick else [64, 512, 4096]):
-        cfg = {"trainer": {"steps": 2, "group_size": 4, "prompts_per_step": prompts}, "model": {"pretrain_steps": 0},
-               "dataflex": METHODS["band@on_rollout"]}
-        start = time.perf_counter()
-        run_training(cfg)
-        emit("curve_shim_ms_per_row", 1e3 * (time.perf_counter() - start) / (2 * prompts * 4), None, "ms/row",
-             prompts_per_step=prompts)
+        # the difference of 3 steps and 1 step: the steps alone, without the run's set-up
+        per_step = (shim_seconds(prompts, 3) - shim_seconds(prompts, 1)) / 2
+        emit("curve_shim_ms_per_row", 1e3 * per_step / (prompts * 4), None, "ms/row", prompts_per_step=prompts)
 
 
 def main() -> int:
