@@ -9,7 +9,7 @@ registry.
 
 from __future__ import annotations
 
-from dataflex_bus.hosts import Contract, HostEntry
+from dataflex_bus.kit import Contract, HostEntry
 
 NAME = "lean"
 
