@@ -22,13 +22,11 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigIssue
-from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
-from ..plan import Plan
+from ..kit import CAPABILITIES, EVENT_FIELDS, ConfigIssue, HostDescription, Plan
 from .arguments import field_of
 
 if TYPE_CHECKING:
-    from ..block import DataflexConfig
+    from ..kit import DataflexConfig
 
 log = logging.getLogger("dataflex_bus")
 

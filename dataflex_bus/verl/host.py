@@ -14,11 +14,10 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigIssue
-from ..host import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
+from ..kit import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, ConfigIssue, HostDescription
 
 if TYPE_CHECKING:
-    from ..block import DataflexConfig
+    from ..kit import DataflexConfig
 
 log = logging.getLogger("dataflex_bus")
 
@@ -44,8 +43,7 @@ def claims(config: Mapping[str, Any]) -> str | None:
 def check_config(config: Any) -> Any:
     """A verl config's ``dataflex`` block against verl's description of that config, every problem at once
     (the validated block, ``None`` when there is none); raises :class:`~dataflex_bus.errors.ConfigError`."""
-    from ..errors import ConfigError
-    from ..validation import validate
+    from ..kit import ConfigError, validate
 
     issues: list[Any] = context_issues(config)
     block, cfg = config.get("dataflex"), None
@@ -205,9 +203,7 @@ def _positive(value: Any) -> int | None:
 def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
     """verl settings under which the block's methods would not do what they say; logs a warning for settings
     that weaken, but do not disable, a method."""
-    from ..mechanisms import mechanism
-    from ..mechanisms.allocate import Allocate
-    from ..mechanisms.reweight import Reweight
+    from ..kit import Allocate, Reweight, mechanism
 
     mechs = [mechanism(m.mechanism) for m in cfg.methods]
     issues: list[ConfigIssue] = []
@@ -270,8 +266,7 @@ def replay_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> li
     against the stored behaviour log-probs instead and would be weighted twice under any ``rollout_is``. Either way
     the batch must reach verl's old-log-prob pass unchanged (no bypass mode, no rejection sampling, no batch
     normalisation of the weights, no DAPO evicting groups the buffer needs)."""
-    from ..mechanisms.replay import Replayer
-    from ..validation import method_keys
+    from ..kit import Replayer, method_keys
 
     issues: list[ConfigIssue] = []
     rc = ROLLOUT_CORRECTION
@@ -326,7 +321,7 @@ def _same_threshold(threshold: Any, cap: float) -> bool:
 
 def _token_selections(cfg: DataflexConfig, key: str) -> list[str]:
     """The config keys of the block's methods that select tokens."""
-    from ..validation import method_keys
+    from ..kit import method_keys
 
     return [mkey for m, mkey in zip(cfg.methods, method_keys(cfg, key))
             if m.resolved is not None and getattr(m.resolved.actuator.load(), "selects_tokens", False)]

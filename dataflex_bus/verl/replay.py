@@ -27,10 +27,7 @@ from tensordict.tensorclass import NonTensorStack
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..batch import Batch
-from ..errors import BatchFieldError
-from ..replay import Record
-from ..steps import Step
+from ..kit import Batch, BatchFieldError, Record, Step
 from .tqbatch import labels_of
 
 #: The key of a stored row's objects that holds its TransferQueue tags.

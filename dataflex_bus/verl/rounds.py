@@ -27,10 +27,7 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
 
-from ..batch import Batch
-from ..errors import ConfigError, ConfigIssue
-from ..runtime import Runtime
-from ..steps import Step
+from ..kit import Batch, ConfigError, ConfigIssue, Runtime, Step
 from .buffer import DataflexReplayBuffer
 from .tqbatch import labels_of, prompt_tokens, uid_of
 

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from .. import __version__
-from ..errors import ConfigError, ConfigIssue
-from ..state_file import Retention, check_format, read_state, restore, save_state, warn_no_state
+from ..kit import ConfigError, ConfigIssue, Retention, check_format, read_state, restore, save_state, warn_no_state
 
 if TYPE_CHECKING:
     from .trainer import DataflexTrainer

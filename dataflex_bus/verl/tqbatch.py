@@ -18,8 +18,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..batch import Batch
-from ..errors import BatchFieldError
+from ..kit import Batch, BatchFieldError
 
 
 def padded(t: Tensor, pad: float = 0) -> Tensor:
