@@ -19,7 +19,8 @@ this list to what the adapters use. Names load on first use (no torch at import)
 * config files, checkpoint state files (the envelope, entries restored by name), caches: ``apply_overrides``,
   ``load_config``, ``load_yaml``, ``missing_file_hint``, ``check_format``, ``CheckpointError``, ``discard``,
   ``read_checked``, ``read_state``, ``restore``, ``Retention``, ``save_state``, ``state_file``, ``TEMPORARY``,
-  ``warn_no_state``, ``cache_root``, ``ENV_CACHE``, ``fingerprint``, ``FALLBACK_MEMORY``, ``format_bytes``, ``GIB``, ``machine_memory``
+  ``warn_no_state``, ``cache_root``, ``ENV_CACHE``, ``fingerprint``, ``FALLBACK_MEMORY``, ``format_bytes``, ``GIB``,
+  ``machine_memory``
 * errors: ``add_note``, ``BatchFieldError``, ``clip_text``, ``ConfigError``, ``ConfigIssue``, ``DataflexError``,
   ``format_traceback``, ``PluginRuntimeError``, ``SignalInterrupt``
 * the host registry and doctor helpers: ``Contract``, ``HostEntry``, ``Add``, ``add_block``, ``block_warnings``,
