@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .allocation import continuation_counts
 from .batch import Batch
-from .carry import carry_out_rollout, continuation_counts, first_group
+from .carry import carry_out_rollout, first_group
 from .decision import Decision
 from .errors import BatchFieldError
 from .fill import GroupFill, kept_groups
@@ -241,7 +242,7 @@ class Generation:
     def _round_done(self, batch: Batch, decision: Decision) -> None:
         if self.fill is not None:
             self.fill.add(kept_groups(batch, decision))
-        if self.step.runtime.allocates:
+        if self.step.runtime.plan.allocates:
             self.step.allocation.groups(batch.group_sizes)
         self.rounds.append((batch, decision))
 

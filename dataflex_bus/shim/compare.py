@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..confdiff import differences as diff
-from ..config import load_config
-from ..errors import ConfigError, ConfigIssue, DataflexError, PluginRuntimeError, add_note
-from ..registry import article
+from ..kit import ConfigError, ConfigIssue, DataflexError, PluginRuntimeError, add_note, article, load_config
+from ..kit import differences as diff
 from . import report
 from .commands import interruption, signals_interrupt
 from .config import RunConfig, fingerprint, prepare

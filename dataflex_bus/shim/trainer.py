@@ -26,15 +26,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..batch import Batch
-from ..carry import AdvantageAction
-from ..confdiff import differences as diff
-from ..errors import ConfigError, DataflexError
-from ..generation import concat_rounds, group_labels
-from ..ops import grpo_outcome_advantage
-from ..runtime import Runtime
-from ..sampler import prepare_prompts
-from ..steps import Candidates, Chosen, Step, StepKit
+from ..kit import (
+    AdvantageAction,
+    Batch,
+    Candidates,
+    Chosen,
+    ConfigError,
+    DataflexError,
+    Runtime,
+    Step,
+    StepKit,
+    concat_rounds,
+    group_labels,
+    grpo_outcome_advantage,
+    prepare_prompts,
+)
+from ..kit import differences as diff
 from . import warmstart
 from .config import fingerprint
 from .files import CheckpointError
@@ -106,7 +113,7 @@ class ShimTrainer:
         """``n`` prompts drawn by the domain probabilities, with their prompt ids when a method needs them."""
         domains = torch.multinomial(probs, n, replacement=True, generator=self.gens["data"])
         prompts = self.sampler.draw(domains, self.gens["data"])
-        if not self.runtime.needs_prompt_ids:
+        if not self.runtime.plan.needs_prompt_ids:
             return Candidates(prompts)
         return Candidates(prompts, prompts.domains, self.split.train_rows(prompts))
 
@@ -131,7 +138,7 @@ class ShimTrainer:
             self.next_uid += len(prompts.domains)
         rows = prompts.repeat(n)
         extra = {}
-        if self.runtime.needs_prompt_ids:
+        if self.runtime.plan.needs_prompt_ids:
             # One lookup per prompt, repeated like its rows (a group is contiguous).
             extra["prompt_index"] = self.runtime.prompt_index(prompts.domains,
                                                               self.split.train_rows(prompts)).repeat_interleave(n)

@@ -26,10 +26,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..batch import Batch
-from ..errors import BatchFieldError
-from ..runtime import Runtime
-from ..steps import Step
+from ..kit import Batch, BatchFieldError, Runtime, Step
 from .blocks import minibatch_blocks
 from .tqbatch import fetch, labels_of, nested_row_counts, padding_flags, put, to_nested
 
@@ -61,7 +58,7 @@ class AdvantageCarryOut:
             self._trained_without_listeners(meta, rewards)
             return meta
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
-        replays = self.dataflex.replays
+        replays = bool(self.dataflex.plan.replays)
         view, data = self._read("on_advantage", meta, [*extra, "index"] if replays else extra)
         replay_rows = None
         if replays:
