@@ -21,8 +21,18 @@ import torch
 from torch import Tensor
 
 from dataflex_bus.batch import Batch
-from dataflex_bus.components import Allocation, Allocator, Budget, Mixer, Param, Score, Scorer, Selection, Selector
-from dataflex_bus.mechanisms.allocate import ALLOCATION_PARAMS
+from dataflex_bus.components import (
+    ALLOCATION_PARAMS,
+    Allocation,
+    Allocator,
+    Budget,
+    Mixer,
+    Param,
+    Score,
+    Scorer,
+    Selection,
+    Selector,
+)
 from dataflex_bus.ops import gather_segments, segment_min, segment_sum
 
 from ._checks import check_row_values
