@@ -14,7 +14,11 @@ Shape: 16,384 rows (1,024 groups x 16 rollouts) x 2,048 response tokens on CPU, 
   (a masked row-sum; target <= 3x, ``<= 2x`` against one ``exp`` pass for token_prob+advantage_reweight);
 * components alone (scorer + actuator without the pipeline's generic checks) where that differs.
 
-Run: ``python benchmarks/bench_methods.py [--rows 16384 --group 16 --tokens 2048 --repeats 5]``.
+The 2026 rules (#47) follow, each at the same 16,384 rows (the warm batch's groups) or 16,384 prompts
+(predictors, pre-rollout selections, allocations), timed against the nearest existing method doing the same job
+(ratio = ours / theirs, information): ``--only-2026`` runs just them.
+
+Run: ``python benchmarks/bench_methods.py [--rows 16384 --group 16 --tokens 2048 --repeats 5] [--only-2026]``.
 Keep it to a couple of minutes on 2 cores: the reference loops run fewer repeats.
 """
 
@@ -34,6 +38,7 @@ from dataflex_plugins.methods.select import max_variance_keep, subset_advantages
 from dataflex_bus.batch import Batch
 from dataflex_bus.mechanisms.weights import expand_weights
 from dataflex_bus.pipeline import build_pipeline
+from dataflex_bus.predictor import Predictor
 
 
 def timeit(fn: Callable[[], object], repeats: int) -> float:
@@ -177,6 +182,93 @@ def straightforward_weights(w: torch.Tensor, batch: Batch) -> tuple[torch.Tensor
     return torch.where(tm, w, 1.0), (float(r.sum()), float((r * r).sum()), float(r.max()), float(r.min()))
 
 
+def bench_2026(warm: Batch, n: int, repeats: int) -> list[tuple[str, str, float, float, float, str]]:
+    """The 2026 rules (#47) at ``n`` rows (the warm batch's groups) or ``n`` prompts (predictors, pre-rollout
+    selections and allocations), each against the nearest existing method doing the same job (information)."""
+    from dataflex_plugins.methods.allocate import Knapsack
+    from dataflex_plugins.methods.mopps import Mopps, TopB
+    from dataflex_plugins.methods.pilot_commit import ExcludeSolved
+    from dataflex_plugins.methods.predictors import Cures, Dps, Vip
+    from dataflex_plugins.methods.rules2026 import (
+        Learnability,
+        NoPositiveResampling,
+        RewardVariance,
+        Sec,
+        SnrFilter,
+        VarianceSplit,
+    )
+
+    from dataflex_bus.components import Budget, Score
+    from dataflex_bus.predictor import Observation
+    from dataflex_bus.visits import Visits
+
+    out: list[tuple[str, str, float, float, float, str]] = []
+
+    def pair(method: str, what: str, ours: Callable[[], object], ref: Callable[[], object]) -> None:
+        with single_thread():
+            a, b = timeit(ours, repeats), timeit(ref, repeats)
+        out.append((method, what, a, b, a / b, "info"))
+
+    # after generation, on the warm batch's groups
+    dapo = build_pipeline({"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+                           "actuator": {"name": "dapo"}})
+    snr, variance = SnrFilter(rho=0.9), RewardVariance()
+    pair("reward_variance+snr_filter", "score+select / dapo's", lambda: snr.select(warm, variance.score(warm, 0), 0),
+         lambda: dapo.actuator.select(warm, dapo.scorer.score(warm, 0), 0))
+    band = build_pipeline({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+                           "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}})
+    learn = Learnability(fraction=0.5)
+    pair("group_solve_rate+learnability", "score+select / threshold_band's",
+         lambda: learn.select(warm, band.scorer.score(warm, 0), 0),
+         lambda: band.actuator.select(warm, band.scorer.score(warm, 0), 0))
+    domains = list(warm.domain_names)
+    adv = build_pipeline({"mechanism": "mix", "scorer": {"name": "advantage_magnitude"},
+                          "actuator": {"name": "dump_ucb"}})
+    adv.set_domains(domains)
+    sec = Sec()
+    sec.set_domains(domains)
+    mix_score = adv.scorer.score(warm, 0)
+    pair("advantage_magnitude+sec", "update+probabilities / dump_ucb's",
+         lambda: (sec.update(warm, mix_score, 0), sec.probabilities()),
+         lambda: (adv.actuator.update(warm, mix_score, 0), adv.actuator.probabilities()))
+
+    # before generation: n candidates
+    g = torch.Generator().manual_seed(3)
+    cand = Batch.from_tensors(uid=torch.arange(n), is_padding=torch.zeros(n, dtype=torch.bool),
+                              prompt_index=torch.arange(n), budget_prompts=torch.tensor(n // 4))
+    rate = Score(torch.rand(n, generator=g, dtype=torch.float64), "prompt")
+    npr, excl, top_b = NoPositiveResampling(), ExcludeSolved(exclude_threshold=0.9), TopB()
+    pair("max_solve_rate+no_positive_resampling", "select / exclude_solved's", lambda: npr.select(cand, rate, 0),
+         lambda: excl.select(cand, rate, 0))
+    pair("predicted+learnability (pre-rollout)", "select / top_b's", lambda: learn.select(cand, rate, 0),
+         lambda: top_b.select(cand, rate, 0))
+    budget = Budget(rollouts=8 * n, prompts=n, group_size=8)
+    split, knap = VarianceSplit(min_n=2, max_n=32), Knapsack(min_n=2, max_n=32)
+    pair("predicted+variance_split", "allocate / knapsack's greedy", lambda: split.allocate(cand, rate, 0, budget),
+         lambda: knap.allocate(cand, rate, 0, budget))
+
+    # predictors: observe n groups, end the step, predict n prompts; against MoPPS's posterior update + draw
+    prompt, size = torch.arange(n), torch.full((n,), 8)
+    successes = torch.randint(0, 9, (n,), generator=g)
+    mopps, state = Mopps(), torch.ones(n, 2, dtype=torch.float64)
+
+    def mopps_step() -> None:
+        new = mopps.update_prompt_state(state, Visits(prompt, size, successes, 0))
+        mopps.draw(new[:, 0], new[:, 1])
+
+    for cls in (Dps, Cures, Vip):
+        predictor = cls()
+        predictor.bind(n)
+
+        def step(predictor: Predictor = predictor) -> None:
+            predictor.observe(Observation(prompt, size, successes, 0))
+            predictor.end_step(0)
+            predictor.predict(prompt, 1)
+
+        pair(f"predictor {cls.__name__.lower()}", "observe+end_step+predict / mopps update+draw", step, mopps_step)
+    return out
+
+
 # ------------------------------------------------------------------ benchmark
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -186,6 +278,7 @@ def main() -> int:
     parser.add_argument("--domains", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ref-repeats", type=int, default=1)
+    parser.add_argument("--only-2026", action="store_true", help="only the 2026 rules (#47) against their nearest")
     args = parser.parse_args()
     torch.manual_seed(0)
     names = [f"d{i}" for i in range(args.domains)]
@@ -207,6 +300,8 @@ def main() -> int:
     _ = warm.rewards, warm.token_mask, warm.lengths, warm.group_sizes, warm.domain_index
     rewards, gi, ng = warm.rewards, warm.group_index, warm.num_groups
     drep = max(rep, 15)  # decision parts are milliseconds: more repeats, same wall time
+    if args.only_2026:
+        return report(bench_2026(warm, args.rows, drep))
 
     def ours_max_variance() -> tuple[torch.Tensor, torch.Tensor]:
         keep = max_variance_keep(rewards, gi, ng, 0.5)
@@ -299,6 +394,12 @@ def main() -> int:
     full, stream = timeit_pair(lambda: pipe.apply(fresh_batch(data, names), 0), lambda: (adv * mask).sum(-1), rep)
     record("advantage_magnitude+dump_ucb", "full pipeline vs 1 masked row-sum", full, stream, 3, False)
 
+    rows.extend(bench_2026(warm, args.rows, drep))
+    return report(rows)
+
+
+def report(rows: list[tuple[str, str, float, float, float, str]]) -> int:
+    """Print the table of ``rows``."""
     print()
     header = f"{'method':42s} {'comparison':36s} {'ours ms':>9s} {'ref ms':>10s} {'ratio':>8s}  verdict"
     print(header)

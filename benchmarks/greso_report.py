@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dataflex_bus.errors import DataflexError
-from dataflex_bus.shim.compare import load_curve
+from dataflex_bus.shim.analysis import load_curve
 from dataflex_bus.shim.stats import mean_ci
 
 

@@ -20,6 +20,17 @@ from .errors import BatchFieldError
 
 #: Field names that are row labels rather than tensors; ``Batch.has`` answers for them too.
 LABEL_FIELDS = ("uid", "data_source")
+#: Rows reduced at a time where a ``[B]`` quantity is read from ``[B, T]`` fields (rewards, lengths): the
+#: temporaries are a slice of the batch, not one more ``[B, T]`` tensor (a method reading only ``[B]``
+#: quantities adds no dense copy on a long-response driver).
+ROW_CHUNK = 1024
+
+
+def row_reduce(fn: Any, rows: int) -> Tensor:
+    """``fn(rows_slice)`` (a ``[k]`` result for ``k`` rows) over ``rows`` rows, :data:`ROW_CHUNK` at a time."""
+    if rows <= ROW_CHUNK:
+        return fn(slice(0, rows))
+    return torch.cat([fn(slice(i, i + ROW_CHUNK)) for i in range(0, rows, ROW_CHUNK)])
 
 #: How a host turns ``rm_scores`` into a row's outcome reward (:attr:`Batch.rewards`), so the bus reads the number
 #: the host trains on. ``masked``: ``sum_t rm_scores * response_mask`` (the shim and TRL, whose score sits on the
@@ -322,7 +333,8 @@ class Batch:
             lo, hi = (0, 1) if checked else torch.aminmax(mask)
             if int(lo) >= 0 and int(hi) <= 1:
                 return torch.where(self.valid_rows, mask.sum(-1), 0)
-        return self.token_mask.view(torch.uint8).sum(-1, dtype=torch.int32).to(torch.long)
+        token_mask = self.token_mask.view(torch.uint8)
+        return row_reduce(lambda r: token_mask[r].sum(-1, dtype=torch.int32), len(token_mask)).to(torch.long)
 
     @cached_property
     def rewards(self) -> Tensor:
@@ -334,12 +346,15 @@ class Batch:
         elif self.reward_span == "row":
             r = scores.to(torch.float32).sum(-1)
         else:
-            # Multiply by the mask as it is (int/bool promote to float32): no converted [B, T] copy.
-            r = (scores.to(torch.float32) * self["response_mask"]).sum(-1)
+            # Multiply by the mask as it is (int/bool promote to float32), a slice of rows at a time.
+            mask = self["response_mask"]
+            r = row_reduce(lambda rows: (scores[rows].to(torch.float32) * mask[rows]).sum(-1), len(scores))
             r = r.to(torch.float32)
             if not bool(torch.isfinite(r).all()):
                 # NaN x 0 is NaN: a NaN/inf after a response's end must not decide (a [B] check first).
-                r = torch.where(self.token_mask, scores.to(torch.float32), 0.0).sum(-1)
+                token_mask = self.token_mask
+                r = row_reduce(lambda rows: torch.where(token_mask[rows], scores[rows].to(torch.float32), 0.0)
+                               .sum(-1), len(scores))
         return torch.where(self.valid_rows, r, torch.zeros_like(r))
 
     @cached_property

@@ -58,6 +58,9 @@ BLOCK_KEYS: dict[str, Param] = {
                             doc="a pre-rollout selection considers at most this many candidates per prompt the "
                                 "host needs; then the shortfall is filled with skipped candidates (on_empty=error "
                                 "raises if none was kept)"),
+    "predictor": Param((dict, type(None)), None,
+                       doc="the block's predictor of each prompt's success rate ({name: ..., params: {...}}), read "
+                           "by every method with a component that uses it (dataflex_bus.predictor)"),
     "refill": Param((dict, type(None)), None,
                     doc="dynamic sampling with refill: generate more prompts until the on_rollout selection "
                         "keeps the target number of groups (keys: see REFILL_KEYS)"),
@@ -172,6 +175,8 @@ class DataflexConfig:
     warnings: list[ConfigIssue] = field(default_factory=list, compare=False, repr=False)
     max_oversample: float = 50.0
     refill: RefillConfig | None = None
+    #: ``dataflex.predictor``: the predictor every method of the block reads (``None``: none).
+    predictor: ComponentRef | None = None
 
     # -------------------------------------------------------------- the one method of a seed-style block
     @property
@@ -239,10 +244,13 @@ class DataflexConfig:
         refill = None
         if shared["refill"] is not None:
             refill = RefillConfig(**check_section(shared["refill"], REFILL_KEYS, f"{key}.refill", issues))
+        predictor = None
+        if shared["predictor"] is not None:
+            predictor = _parse_ref(shared["predictor"], f"{key}.predictor", issues)
         if methods is None:
             return None, issues
         cfg = cls(methods=methods, domains=shared["domains"], domain_key=shared["domain_key"], stacked=stacked,
-                  max_oversample=shared["max_oversample"], refill=refill)
+                  max_oversample=shared["max_oversample"], refill=refill, predictor=predictor)
         return cfg, issues
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +267,8 @@ class DataflexConfig:
             out["max_oversample"] = self.max_oversample
         if self.refill is not None:
             out["refill"] = self.refill.to_dict()
+        if self.predictor is not None:
+            out["predictor"] = self.predictor.to_dict()
         return out
 
 

@@ -276,33 +276,3 @@ def carry_out_prompts(batch: Batch, decision: Decision) -> Tensor:
     keep_only(decision, "decided at on_prompts, before anything is generated; only a keep mask is possible")
     real = batch.valid_rows
     return real if decision.keep is None else decision.keep & real
-
-
-# ---------------------------------------------------------------------------- allocation (counts)
-def carry_out_counts(batch: Batch, decision: Decision, group_size: int) -> Tensor:
-    """Long ``[N]``: the rollouts to generate for each ``on_prompts`` candidate: the allocator's counts of
-    the candidates kept (a selection after it zeroes the ones it skips), ``group_size`` for every kept
-    candidate when no allocator counted (warmup), 0 otherwise."""
-    keep = carry_out_prompts(batch, decision)
-    if decision.counts is None:
-        return torch.where(keep, group_size, 0).to(torch.long)
-    return torch.where(keep, decision.counts.to(torch.long), 0)
-
-
-def continuation_counts(batch: Batch, decision: Decision) -> Tensor | None:
-    """Long ``[num_groups]``: how many more rollouts each group of an ``on_rollout`` batch gets (0 for a
-    group the decision drops), or ``None`` when none does. Raises if a group's rows disagree."""
-    from .ops import segment_max, segment_min
-
-    if decision.counts is None:
-        return None
-    counts = decision.counts.to(torch.float64)  # exact for counts (the segment reductions fill with inf)
-    gi, n = batch.group_index, batch.num_groups
-    hi, lo = segment_max(counts, gi, n), segment_min(counts, gi, n)
-    if bool((hi != lo).any()):
-        raise BatchFieldError("dataflex allocate", "counts", "a continuation count must be the same on every row "
-                              "of a group (it is the group's)")
-    keep = batch.valid_rows if decision.keep is None else decision.keep & batch.valid_rows
-    kept = segment_max(keep.to(torch.float64), gi, n) > 0
-    per_group = torch.where(kept, hi, 0.0).clamp_min(0).to(torch.long)
-    return per_group if bool((per_group > 0).any()) else None

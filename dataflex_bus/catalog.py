@@ -144,7 +144,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     registry = get_plugins().registry()
     kind = args.kind
-    slots = ["scorer", "actuator"] if kind is None else [slot_of(kind)]
+    slots = ["scorer", "actuator", "predictor"] if kind is None else [slot_of(kind)]
     specs = [s for s in registry.find(args.name, slots) if kind in (None, "actuator", s.kind)]
     if not specs and kind is None and (entry := mechanism_info(args.name, registry)) is not None:
         print(json.dumps([entry], indent=2, sort_keys=True) if args.json else _mechanism_text(entry))
@@ -218,6 +218,8 @@ def component_info(spec: Any, registry: Any) -> dict[str, Any]:
         "summary": spec.summary or (doc.splitlines()[0] if doc else ""), "doc": doc,
         "parameters": params, "requires": list(cls.requires), "needs_groups": bool(cls.needs_groups),
     }
+    if spec.kind == "predictor":
+        return _predictor_info(info, spec, cls, registry)
     if spec.kind == "scorer":
         info.update(timing=cls.timing, granularity=cls.granularity)
     else:
@@ -227,6 +229,25 @@ def component_info(spec: Any, registry: Any) -> dict[str, Any]:
     block, valid = _example_block(spec, cls, registry)
     info["example"] = _yaml_block(block, cls, slot_of(spec.kind))
     info["example_validated"] = valid
+    return info
+
+
+def _predictor_info(info: dict[str, Any], spec: Any, cls: Any, registry: Any) -> dict[str, Any]:
+    """A predictor's entry: its columns, its two events and a block that reads it (validated)."""
+    import yaml
+
+    from .validation import validate
+
+    info.update(columns=list(cls.columns), events={"on_prompts": "predicts p for the candidates",
+                                                   "on_rollout": "observes the rolled-out groups"})
+    block = {"predictor": {"name": spec.name}, "mechanism": "select", "scorer": {"name": "predicted"},
+             "actuator": {"name": "top_b", "params": {"pool": 4}}}
+    try:
+        validate(block, registry)
+        info["example_validated"] = True
+    except Exception:  # a predictor with required parameters: the example is a template
+        info["example_validated"] = False
+    info["example"] = yaml.safe_dump({"dataflex": block}, sort_keys=False).rstrip()
     return info
 
 
@@ -325,15 +346,21 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
         fit = accepts.index(scorer_cls.granularity) if scorer_cls.granularity in accepts else len(accepts)
         return meant, names.index(mechanism), partner.provider != spec.provider, fit, partner.name
 
-    def make(mechanism: str, other: dict[str, Any]) -> dict[str, Any]:
+    predictors = registry.names("predictor")
+
+    def make(mechanism: str, other: dict[str, Any], other_cls: Any) -> dict[str, Any]:
         pair = {"scorer": own, "actuator": other} if spec.kind == "scorer" else {"scorer": other, "actuator": own}
+        reads = getattr(cls, "uses_predictor", False) or getattr(other_cls, "uses_predictor", False)
+        if reads and predictors:  # a reader of the block's prediction needs a predictor named
+            return {"predictor": {"name": "cures" if "cures" in predictors else predictors[0]},
+                    "mechanism": mechanism, **pair}
         return {"mechanism": mechanism, **pair}
 
     own = ref(spec, cls)
     ranked = sorted(loaded, key=preference)
     warned = None  # the first block that validates with warnings: shown only when none validates without
     for mechanism, partner, p_cls in ranked:
-        block = make(mechanism, ref(partner, p_cls))
+        block = make(mechanism, ref(partner, p_cls), p_cls)
         try:
             checked = validate(block, registry)
         except DataflexError:
@@ -345,14 +372,17 @@ def _example_block(spec: Any, cls: Any, registry: Any) -> tuple[dict[str, Any], 
         return warned, True
     if ranked:  # a partner exists, but the placeholder values of required parameters do not validate
         mechanism, partner, p_cls = ranked[0]
-        return make(mechanism, ref(partner, p_cls)), False
+        return make(mechanism, ref(partner, p_cls), p_cls), False
     mechanism = names[0] if spec.kind == "scorer" else for_kind(spec.kind).name
-    return make(mechanism, {"name": "<none installed fits>", "params": {}}), False
+    return make(mechanism, {"name": "<none installed fits>", "params": {}}, None), False
 
 
 def _yaml_block(block: dict[str, Any], cls: Any, slot: str) -> str:
     """The block as YAML; the component's own required parameters are marked (JSON scalars are YAML)."""
-    lines = ["dataflex:", f"  mechanism: {block['mechanism']}"]
+    lines = ["dataflex:"]
+    if "predictor" in block:
+        lines.append(f"  predictor: {{name: {block['predictor']['name']}}}")
+    lines.append(f"  mechanism: {block['mechanism']}")
     for name in ("scorer", "actuator"):
         ref = block[name]
         lines.append(f"  {name}:")
@@ -392,7 +422,9 @@ def _info_text(e: dict[str, Any]) -> str:
         lines.append(f"  {e['summary']}")
     lines.append(f"  target:       {e['target']}")
     lines.append(f"  qualified:    {e['qualified_name']}  (the config name when another pack has the same one)")
-    if e["kind"] == "scorer":
+    if e["kind"] == "predictor":
+        lines.append(f"  columns:      p{''.join(', ' + c for c in e['columns'])} (predicted_<column> in the batch)")
+    elif e["kind"] == "scorer":
         lines.append(f"  timing:       {e['timing']}")
         lines.append(f"  granularity:  {e['granularity']}")
     else:

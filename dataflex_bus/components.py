@@ -357,7 +357,9 @@ def class_attribute_problems(cls: type[Component]) -> list[str]:
         bad("requires", requires, "expected a sequence of batch field names, e.g. ('rm_scores',)")
     if not isinstance(getattr(cls, "needs_groups", False), bool):
         bad("needs_groups", cls.needs_groups, "expected True or False")
-    if getattr(cls, "kind", "") == "scorer":
+    if getattr(cls, "kind", "") == "predictor":
+        pass  # a predictor has no timing or granularity: the runtime calls it at on_prompts and on_rollout
+    elif getattr(cls, "kind", "") == "scorer":
         one_of("timing", list(TIMINGS))
         one_of("granularity", GRANULARITIES)
     else:

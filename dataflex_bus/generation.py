@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .allocation import continuation_counts
 from .batch import Batch
-from .carry import carry_out_rollout, continuation_counts, first_group
+from .carry import carry_out_rollout, first_group
 from .decision import Decision
 from .errors import BatchFieldError
 from .fill import GroupFill, kept_groups

@@ -105,6 +105,10 @@ class HostDescription:
     group_size_name: str = "rollout n"
     row_bytes: int | None = None
     row_bytes_basis: str = ""
+    #: What one row the replay store keeps takes (its packed fields at the host's longest prompt and response),
+    #: and how that was found: bounds a replay ``capacity`` at validation (``None``: the floor).
+    stored_row_bytes: int | None = None
+    stored_row_basis: str = ""
     memory_limit: int | None = None
 
     def __post_init__(self) -> None:

@@ -8,15 +8,26 @@ iterate :func:`registered` and name no host.
 
 Every reference is a ``"module:function"`` string, like the CLI's command table, resolved only when used: the
 registry itself imports nothing, so building the CLI's parser never imports a host's framework (verl, TRL).
+
+An installed package registers a host of its own through the ``dataflex.hosts`` entry-point group: each entry
+point names a :class:`HostEntry` (``lab = lab_host:ENTRY``; the module holding it imports no framework either).
+They join the built-in hosts on the registry's first use; one that fails to load, is not a ``HostEntry`` or
+takes a name already registered is left out with a warning naming it and its distribution.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from importlib import import_module
+from importlib import import_module, metadata
 from typing import Any
 
 from .errors import DataflexError
+
+log = logging.getLogger("dataflex_bus")
+
+#: The entry-point group through which an installed package registers a host.
+GROUP = "dataflex.hosts"
 
 
 @dataclass(frozen=True)
@@ -86,13 +97,60 @@ class UnknownHostError(DataflexError, LookupError):
     """A host name no registration gives."""
 
 
+#: The entry points of :data:`GROUP` already read (``"name = value"``) -> the host each registered (``""``:
+#: none): each is read once, until :func:`unregister` removes its host.
+_READ: dict[str, str] = {}
+#: Whether the registry's first use has read the entry points.
+_DISCOVERED = False
+
+
+def discover() -> list[HostEntry]:
+    """Register the hosts installed packages declare in :data:`GROUP` not read yet; returns those added.
+    Runs on the registry's first use; call it again after installing a package in the running process."""
+    added = []
+    for ep in metadata.entry_points(group=GROUP):
+        key = f"{ep.name} = {ep.value}"
+        if key in _READ:
+            continue
+        _READ[key] = ""
+        where = f"entry point {ep.name!r} ({ep.value}) of group {GROUP!r}" + (
+            f" in distribution {ep.dist.name!r}" if ep.dist is not None else "")
+        try:
+            entry = ep.load()
+        except Exception as exc:  # a broken package must not take the command line down with it
+            log.warning("dataflex: host left out: %s failed to load: %s: %s", where, type(exc).__name__, exc)
+            continue
+        if not isinstance(entry, HostEntry):
+            log.warning("dataflex: host left out: %s names a %s, not a dataflex_bus.hosts.HostEntry", where,
+                        type(entry).__name__)
+            continue
+        try:
+            _add(entry)
+        except DataflexError as exc:
+            log.warning("dataflex: host left out: %s: %s", where, exc)
+            continue
+        _READ[key] = entry.name
+        added.append(entry)
+    return added
+
+
+def _hosts() -> dict[str, HostEntry]:
+    """The registry, the installed packages' hosts read on first use."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        _DISCOVERED = True
+        discover()
+    return _HOSTS
+
+
 def registered() -> tuple[HostEntry, ...]:
-    """Every registered host, in registration order."""
-    return tuple(_HOSTS.values())
+    """Every registered host, in registration order (built-in ones first)."""
+    return tuple(_hosts().values())
 
 
 def get(name: str) -> HostEntry:
     """The registration of host ``name``; an unknown name is an error listing the registered ones."""
+    _hosts()
     try:
         return _HOSTS[name]
     except KeyError:
@@ -100,7 +158,13 @@ def get(name: str) -> HostEntry:
 
 
 def register(entry: HostEntry) -> None:
-    """Add a host (a test's, or one a pack brings); a name already registered is an error."""
+    """Add a host (a test's; an installed package's goes through :data:`GROUP`); a name already registered is
+    an error."""
+    _hosts()
+    _add(entry)
+
+
+def _add(entry: HostEntry) -> None:
     if entry.name in _HOSTS:
         raise DataflexError(f"host {entry.name!r} is registered already")
     current = fallback()
@@ -113,16 +177,18 @@ def unregister(name: str) -> None:
     """Remove host ``name`` (what :func:`register` added)."""
     get(name)
     del _HOSTS[name]
+    for key in [k for k, host in _READ.items() if host == name]:
+        del _READ[key]  # (read again by the next discover())
 
 
 def doctors() -> tuple[HostEntry, ...]:
     """The hosts ``dataflex doctor`` can check, the default first."""
-    return tuple(e for e in _HOSTS.values() if e.doctor)
+    return tuple(e for e in _hosts().values() if e.doctor)
 
 
 def fallback() -> HostEntry | None:
     """The host of a non-empty config no other host claims."""
-    return next((e for e in _HOSTS.values() if e.fallback), None)
+    return next((e for e in _hosts().values() if e.fallback), None)
 
 
 def load(target: str) -> Any:

@@ -18,6 +18,10 @@ FALLBACK_MEMORY = 16 * GIB
 #: model's sequence takes far more, so every host gives its own estimate (``HostDescription.row_bytes``) and this
 #: is used only where none is known (validation without a host).
 ROLLOUT_ROW_BYTES = 8 * 16 * 8
+#: The fewest bytes one row in the replay store takes beyond its columns: its behaviour log-probs and token ids
+#: (int32) over a 16-token response, and a 16-token prompt's ids. A floor, used where a host gives no estimate
+#: (``HostDescription.stored_row_bytes``).
+STORED_ROW_BYTES = 16 * 4 + 2 * 16 * 4
 
 
 def machine_memory() -> int:
@@ -53,3 +57,11 @@ def rollout_row(host: HostDescription) -> tuple[int, str]:
     if host.row_bytes is not None:
         return int(host.row_bytes), host.row_bytes_basis or f"host {host.name!r}'s estimate"
     return ROLLOUT_ROW_BYTES, "at least, the floor of any host"
+
+
+def stored_row(host: HostDescription) -> tuple[int, str]:
+    """``(bytes, basis)``: what one row of the replay store takes beyond its columns on ``host`` (its own
+    estimate, else the floor :data:`STORED_ROW_BYTES`) and how that was found, for a refusal."""
+    if host.stored_row_bytes is not None:
+        return int(host.stored_row_bytes), host.stored_row_basis or f"host {host.name!r}'s estimate"
+    return STORED_ROW_BYTES, "at least, the floor of any host"

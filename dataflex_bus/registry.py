@@ -220,10 +220,11 @@ class Registry:
 
     def resolve(self, slot: str, name: str, *, key: str | None = None) -> ComponentSpec:
         """Find the one component named ``name`` (or ``provider:name``) in ``slot``."""
-        if slot not in ("scorer", "actuator"):
+        if slot not in ("scorer", "actuator", "predictor"):
             # A kind passed for a slot would otherwise find nothing and call the name unknown.
             under = f": {article(slot)} {slot} resolves under 'actuator'" if slot in actuator_kinds() else ""
-            raise ValueError(f"resolve(): {slot!r} is not a slot; the slots are 'scorer' and 'actuator'{under}")
+            raise ValueError(f"resolve(): {slot!r} is not a slot; the slots are 'scorer', 'actuator' and "
+                             f"'predictor'{under}")
         key = key or f"dataflex.{slot}.name"
         qualifier, sep, bare = name.rpartition(":")
         candidates = self.find(name, [slot])
@@ -249,6 +250,8 @@ class Registry:
 
     def _swapped_hint(self, slot: str, name: str, key: str) -> str:
         """``scorer: {name: threshold_band}``: the name exists, in the other slot."""
+        if slot not in ("scorer", "actuator"):
+            return ""
         other = "actuator" if slot == "scorer" else "scorer"
         found = self.find(name, [other])
         if not found:
@@ -333,3 +336,9 @@ def register_reweighter(name: str | None = None, *, summary: str = "") -> Callab
 def register_mixer(name: str | None = None, *, summary: str = "") -> Callable[[type[Component]], type[Component]]:
     """Class decorator: make a mixer available by ``name`` in this process."""
     return _decorator("mixer", name, summary)
+
+
+def register_predictor(name: str | None = None, *,
+                       summary: str = "") -> Callable[[type[Component]], type[Component]]:
+    """Class decorator: make a predictor (:class:`~dataflex_bus.predictor.Predictor`) available by ``name``."""
+    return _decorator("predictor", name, summary)

@@ -30,6 +30,7 @@ from .batch import Batch
 from .errors import BatchFieldError
 from .mechanisms.replay import VERSION_FIELD, ReplayPick, ReplayPool, ReplaySettings
 from .ops import segment_count, segment_max, segment_min
+from .packed import rows_of
 from .replay_store import Record, ReplayStore, pad_to, preallocated_bytes, take_rows
 
 if TYPE_CHECKING:
@@ -338,7 +339,7 @@ class Replay:
                         version=torch.full((r.numel(),), step, dtype=torch.long), reward=batch.rewards[r],
                         priority=decision.priority[r], advantage=advantage, domain=batch.domain_index[r],
                         length=batch.lengths[r], mu=mu[keep],
-                        payload={k: v[keep] for k, v in payload.items()},
+                        payload={k: rows_of(v, keep) for k, v in payload.items()},
                         lengths={k: v[keep] for k, v in (lengths or {}).items()},
                         objects=None if objects is None else [objects[i] for i in keep.tolist()])
         counts = self.store.insert(record)

@@ -1,14 +1,16 @@
-"""The replay buffer's store: a bounded, column-per-field ring of past rows (rollouts) for one run.
+"""The replay buffer's store: a bounded ring of past rows (rollouts) for one run, sized by the tokens it holds.
 
 :class:`ReplayStore` keeps one slot per row, keyed by the prompt table's dense index. Per row it keeps the
 prompt, the stored group, the insertion order, the step the row was generated at (the policy version), its
-reward, priority and advantage, its domain, its behaviour log-probs ``mu`` and the host's own fields of the
-rollout (its *payload*: token ids, masks, ... as dense columns with each row's length, plus, for a host that
-has them, per-row Python objects such as verl's non-tensor columns). Memory is bounded by ``capacity`` rows
-times the widest row seen (the fixed columns are preallocated: :func:`preallocated_bytes`); integer payload
-columns are kept in the narrowest integer type that holds their values (``nbytes``,
-``benchmarks/bench_replay.py``). A :class:`Record` is rows going in or read back. What a step replays, and how,
-is :mod:`dataflex_bus.replay`'s.
+reward, priority and advantage, its domain (fixed columns, preallocated: :func:`preallocated_bytes`), and, per
+insert, a :class:`Chunk`: its behaviour log-probs ``mu`` and the host's own fields of the rollout (its
+*payload*: token ids, masks, ...) packed (:mod:`dataflex_bus.packed`: each row's values end to end, integer ids
+in their narrowest type, masks and position ids derived from the extents, ``mu`` not kept again when it equals
+a payload field such as ``rollout_log_probs``), plus, for a host that has them, per-row Python objects such as
+verl's non-tensor columns. Memory follows the tokens held, not ``capacity`` x the widest row: evicted rows are
+dropped from their chunk once they hold an eighth of its bytes (``benchmarks/bench_replay.py``). A
+:class:`Record` is rows going in or read back (dense, padded to the widest of them). What a step replays, and
+how, is :mod:`dataflex_bus.replay`'s.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from torch import Tensor
 
 from .errors import BatchFieldError, ConfigError, ConfigIssue
 from .ops import segment_count
+from .packed import rows_of
+from .replay_chunks import Chunk, NonFinite, chunk_state, load_chunk, make_chunk, merge_chunks, read_rows, take_chunk
 
 
 class StoreTable(Protocol):
@@ -35,41 +39,29 @@ class StoreTable(Protocol):
 
     def check_saved(self, saved: Any, what: str) -> None: ...
 
-#: The per-row columns of the store, with their dtypes (``mu`` and the payload are ``[C, width]``).
+#: The per-row columns of the store, with their dtypes.
 _COLUMNS: dict[str, torch.dtype] = {"prompt": torch.long, "group": torch.long, "seq": torch.long,
                                     "version": torch.long, "reward": torch.float32, "priority": torch.float32,
                                     "advantage": torch.float32, "domain": torch.long, "length": torch.long}
-_INT_TYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
-#: The entries of a saved store (:meth:`ReplayStore.state_dict`; ``scalars`` is optional, older states lack it).
-_SAVED = ("table", "capacity", "per_prompt", "slots", "columns", "mu", "payload", "dtypes", "lengths", "objects",
-          "next_seq", "next_group")
+#: Per slot, besides the columns: the chunk it is in and its row there (long each).
+_SLOT_MAP_BYTES = 2 * 8
+#: The entries of a saved store (:meth:`ReplayStore.state_dict`).
+_SAVED = ("table", "capacity", "per_prompt", "slots", "columns", "dtypes", "objects", "next_seq", "next_group")
+#: Saved by a store that kept dense columns (read back, packed, on restore).
+_DENSE_SAVED = ("mu", "payload", "lengths")
+#: Chunks at most before they are merged into one (a gather visits each chunk its rows are in).
+MAX_CHUNKS = 64
+#: A chunk is rewritten without its evicted rows once they hold this share of its bytes.
+DEAD_SHARE = 1 / 8
 #: A host's check of one stored per-row object: ``None`` when it is sound, else what is wrong with it.
 ObjectCheck = Callable[[Any], str | None]
 
 
 def preallocated_bytes(capacity: int) -> int:
-    """Bytes a store of ``capacity`` rows allocates when it is made (its fixed columns; ``mu`` and the payload
-    grow with the widest row stored), computed without allocating anything."""
+    """Bytes a store of ``capacity`` rows allocates when it is made (its fixed columns and slot map; the
+    packed rows grow with the tokens stored), computed without allocating anything."""
     per_row = sum(torch.empty((), dtype=dtype).element_size() for dtype in _COLUMNS.values())
-    return int(capacity) * per_row
-
-
-def _narrowest(t: Tensor) -> torch.dtype:
-    """The narrowest integer dtype holding every value of the integer tensor ``t`` (its own otherwise)."""
-    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex() or t.numel() == 0:
-        return t.dtype
-    lo, hi = (int(x) for x in torch.aminmax(t))
-    for dtype in _INT_TYPES:
-        info = torch.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
-            return dtype
-    return t.dtype
-
-
-def _wider(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    if a in _INT_TYPES and b in _INT_TYPES:
-        return _INT_TYPES[max(_INT_TYPES.index(a), _INT_TYPES.index(b))]
-    return torch.promote_types(a, b)
+    return int(capacity) * (per_row + _SLOT_MAP_BYTES)
 
 
 def pad_to(t: Tensor, width: int) -> Tensor:
@@ -82,8 +74,10 @@ def pad_to(t: Tensor, width: int) -> Tensor:
 @dataclass
 class Record:
     """Rows to store or stored rows read back, in row order: the kit's columns (see the module doc), ``mu``
-    ``[n, T]``, the host's ``payload`` (dense ``[n, w]`` per field; ``lengths[name]``: each row's length in it,
-    absent for a field whose rows are all full) and its per-row ``objects`` (``None``: the host has none)."""
+    ``[n, T]``, the host's ``payload`` (dense ``[n, w]`` per field, ``[n]`` for one value per row;
+    ``lengths[name]``: each row's length in it, values past it are padding, absent for a field whose rows are
+    all full) and its per-row ``objects`` (``None``: the host has none). Read back, dense fields are padded
+    with zeros to the widest of the rows read."""
 
     prompt: Tensor
     group: Tensor
@@ -117,13 +111,15 @@ class ReplayStore:
         self.capacity = int(capacity)
         self.per_prompt = int(per_prompt)
         self.columns = {name: torch.full((self.capacity,), -1, dtype=dtype) for name, dtype in _COLUMNS.items()}
-        self.mu = torch.zeros((self.capacity, 0), dtype=torch.float32)
-        self.payload: dict[str, Tensor] = {}
-        #: The dtype each payload field is handed back in (columns may be stored narrower).
+        #: Each slot's chunk id and row in it (-1: empty).
+        self.chunk_of = torch.full((self.capacity,), -1, dtype=torch.long)
+        self.row_of = torch.full((self.capacity,), -1, dtype=torch.long)
+        self.chunks: dict[int, Chunk] = {}
+        self._next_chunk = 0
+        #: The dtype each payload field is handed back in (it may be stored narrower).
         self.dtypes: dict[str, torch.dtype] = {}
-        #: Payload fields given one value per row (``[n]``): stored as one column, handed back as ``[n]``.
+        #: Payload fields given one value per row (``[n]``): handed back as ``[n]``.
         self.scalars: set[str] = set()
-        self.lengths: dict[str, Tensor] = {}
         self.objects: list[Any] | None = None
         self.next_seq = 0
         self.next_group = 0
@@ -146,20 +142,24 @@ class ReplayStore:
         return int(torch.unique(self.columns["group"][self.occupied]).numel())
 
     def nbytes(self) -> int:
-        """Bytes of every tensor the store holds (its bound: ``capacity`` x the widths seen)."""
-        tensors = [*self.columns.values(), self.mu, *self.payload.values(), *self.lengths.values()]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes of every tensor the store holds: its columns and slot map, and its chunks' packed rows."""
+        fixed = [*self.columns.values(), self.chunk_of, self.row_of]
+        return sum(t.numel() * t.element_size() for t in fixed) + sum(c.nbytes() for c in self.chunks.values())
 
     def gather(self, slots: Tensor) -> Record:
         """The rows in ``slots`` (long), in that order, payload in the dtypes it was given in."""
         c = {name: col[slots] for name, col in self.columns.items()}
-        payload = {name: (col[slots, 0] if name in self.scalars else col[slots]).to(self.dtypes[name])
-                   for name, col in self.payload.items()}
-        lengths = {name: col[slots].to(torch.long) for name, col in self.lengths.items()}
+        payload, lengths, mu = read_rows(self.chunks, self.chunk_of[slots], self.row_of[slots], self.dtypes,
+                                         self.scalars)
         objects = None if self.objects is None else [self.objects[i] for i in slots.tolist()]
         return Record(prompt=c["prompt"], group=c["group"], version=c["version"], reward=c["reward"],
                       priority=c["priority"], advantage=c["advantage"], domain=c["domain"], length=c["length"],
-                      mu=self.mu[slots], payload=payload, lengths=lengths, objects=objects, seq=c["seq"])
+                      mu=mu, payload=payload, lengths=lengths, objects=objects, seq=c["seq"])
+
+    def held(self) -> Record:
+        """Every stored row, oldest first (what two stores compare by: their layouts in chunks may differ)."""
+        occ = torch.nonzero(self.occupied).flatten()
+        return self.gather(occ[torch.argsort(self.columns["seq"][occ])])
 
     # ------------------------------------------------------------------ writing
     def evict(self, slots: Tensor) -> int:
@@ -169,9 +169,16 @@ class ReplayStore:
         if count:
             for col in self.columns.values():
                 col.masked_fill_(slots, -1)
+            freed = torch.nonzero(slots).flatten()
+            chunk_of = self.chunk_of[freed]
+            for cid in torch.unique(chunk_of).tolist():
+                self.chunks[cid].slots[self.row_of[freed[chunk_of == cid]]] = -1
+            self.chunk_of[freed] = -1
+            self.row_of[freed] = -1
             if self.objects is not None:
-                for i in torch.nonzero(slots).flatten().tolist():
+                for i in freed.tolist():
                     self.objects[i] = None
+            self._tidy()
         return count
 
     def evict_stale(self, step: int, max_age_steps: int) -> int:
@@ -202,6 +209,16 @@ class ReplayStore:
             order = self._newest_groups(record.group, self.capacity)
             out["truncated"] = n - int(order.numel())
             n = int(order.numel())
+        for name, value in record.payload.items():
+            given = self.dtypes.get(name, value.dtype)
+            if given != value.dtype:
+                raise BatchFieldError("dataflex replay", name, f"stored as {given}, now given as {value.dtype}")
+        # Packed before anything is evicted: a field refused leaves the store as it was.
+        chunk = make_chunk(torch.zeros(n, dtype=torch.long), {k: rows_of(v, order) for k, v in record.payload.items()},
+                           {k: v[order] for k, v in record.lengths.items()}, record.mu[order], self.dtypes,
+                           self.scalars)
+        for name, value in record.payload.items():
+            self.dtypes.setdefault(name, value.dtype)
         free = int((~self.occupied).sum())
         if free < n:
             out["evicted_capacity"] = self._evict_oldest_groups(n - free)
@@ -213,14 +230,8 @@ class ReplayStore:
         self.columns["group"][slots] = groups
         self.columns["seq"][slots] = torch.arange(self.next_seq, self.next_seq + n)
         self.next_seq += n
-        self.mu = self._fit(self.mu, record.mu[order], slots)
-        for name, value in record.payload.items():
-            self._put_payload(name, value[order], slots)
-        for name, value in record.lengths.items():
-            col = self.lengths.get(name)
-            if col is None:
-                col = self.lengths[name] = torch.zeros(self.capacity, dtype=torch.int32)
-            col[slots] = value[order].to(torch.int32)
+        chunk.slots = slots.clone()
+        self._place(chunk)
         if record.objects is not None:
             if self.objects is None:
                 self.objects = [None] * self.capacity
@@ -229,7 +240,34 @@ class ReplayStore:
         out["inserted"] = n
         if self.per_prompt > 0:
             out["evicted_per_prompt"] = self._evict_per_prompt()
+        self._tidy()
         return out
+
+    def _place(self, chunk: Chunk) -> None:
+        """Add ``chunk`` under a new id and point its live slots at it."""
+        cid = self._next_chunk
+        self._next_chunk += 1
+        self.chunks[cid] = chunk
+        live = torch.nonzero(chunk.slots >= 0).flatten()
+        self.chunk_of[chunk.slots[live]] = cid
+        self.row_of[chunk.slots[live]] = live
+
+    def _tidy(self) -> None:
+        """Drop chunks without live rows, rewrite those whose evicted rows hold :data:`DEAD_SHARE` of their
+        bytes, and merge them all when there are more than :data:`MAX_CHUNKS`."""
+        for cid, chunk in list(self.chunks.items()):
+            live = chunk.slots >= 0
+            if not bool(live.any()):
+                del self.chunks[cid]
+            elif not bool(live.all()):
+                weight = chunk.row_bytes() + 1
+                if int(weight[~live].sum()) > DEAD_SHARE * int(weight.sum()):
+                    del self.chunks[cid]
+                    self._place(take_chunk(chunk, torch.nonzero(live).flatten()))
+        if len(self.chunks) > MAX_CHUNKS:
+            parts = [take_chunk(c, torch.nonzero(c.slots >= 0).flatten()) for c in self.chunks.values()]
+            self.chunks = {}
+            self._place(merge_chunks(parts))
 
     @staticmethod
     def _newest_groups(group: Tensor, room: int) -> Tensor:
@@ -266,40 +304,21 @@ class ReplayStore:
         drop[occ[order[rank >= self.per_prompt]]] = True
         return self.evict(drop)
 
-    def _fit(self, column: Tensor, value: Tensor, slots: Tensor) -> Tensor:
-        """``column[slots] = value``, widening the column (or padding the value) to the wider of the two."""
-        width = max(column.shape[1], value.shape[1])
-        if column.shape[1] < width:
-            column = pad_to(column, width)
-        column[slots] = pad_to(value.to(column.dtype), width)
-        return column
-
-    def _put_payload(self, name: str, value: Tensor, slots: Tensor) -> None:
-        if value.dim() < 2:
-            self.scalars.add(name)
-            value = value[:, None]
-        given = self.dtypes.setdefault(name, value.dtype)
-        if given != value.dtype:
-            raise BatchFieldError("dataflex replay", name, f"stored as {given}, now given as {value.dtype}")
-        col = self.payload.get(name)
-        narrow = _narrowest(value)
-        if col is None:
-            col = torch.zeros((self.capacity, value.shape[1], *value.shape[2:]), dtype=narrow)
-        elif _wider(col.dtype, narrow) != col.dtype:
-            col = col.to(_wider(col.dtype, narrow))
-        self.payload[name] = self._fit(col, value, slots)
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The occupied slots and their rows (compact), the counters and the prompt table's fingerprint."""
+        """The occupied slots and their rows (the packed chunks as they are: shared, not copied, as nothing
+        writes them in place), the counters and the prompt table's fingerprint."""
         occ = torch.nonzero(self.occupied).flatten()
+        ids = sorted(self.chunks)
+        position = {cid: i for i, cid in enumerate(ids)}
+        renumber = torch.tensor([position.get(i, -1) for i in range(self._next_chunk)] or [-1], dtype=torch.long)
         return {
             "table": self.table.fingerprint(), "capacity": self.capacity, "per_prompt": self.per_prompt,
             "slots": occ.clone(), "columns": {k: v[occ].clone() for k, v in self.columns.items()},
-            "mu": self.mu[occ].clone(), "payload": {k: v[occ].clone() for k, v in self.payload.items()},
+            "chunks": [chunk_state(self.chunks[i]) for i in ids],
+            "chunk_of": renumber[self.chunk_of[occ]], "row_of": self.row_of[occ].clone(),
             "dtypes": {k: str(v).removeprefix("torch.") for k, v in self.dtypes.items()},
             "scalars": sorted(self.scalars),
-            "lengths": {k: v[occ].clone() for k, v in self.lengths.items()},
             "objects": None if self.objects is None else [self.objects[i] for i in occ.tolist()],
             "next_seq": self.next_seq, "next_group": self.next_group,
         }
@@ -316,7 +335,7 @@ class ReplayStore:
         columns = state["columns"]
         if set(columns) != set(_COLUMNS):
             raise damaged("columns", f"are {sorted(columns)}, expected {sorted(_COLUMNS)}")
-        for name, value in (*columns.items(), ("mu", state["mu"])):
+        for name, value in columns.items():
             if not isinstance(value, Tensor) or value.shape[:1] != (n,):
                 shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise damaged(f"column {name!r}", f"has {shape} for {n} slots")
@@ -330,8 +349,6 @@ class ReplayStore:
             if n and (int(value.min()) < low or (high is not None and int(value.max()) >= high)):
                 where = f"[{low}, {high})" if high is not None else f">= {low}"
                 raise damaged(f"column {name!r}", f"holds values outside {where}")
-        if not bool(torch.isfinite(state["mu"].to(torch.float32)).all()):
-            raise damaged("column 'mu'", "holds non-finite behaviour log-probs (insert stores finite ones only)")
         self._check_objects(state["objects"], n)
 
     def _check_objects(self, objects: Any, n: int) -> None:
@@ -350,6 +367,49 @@ class ReplayStore:
                 if why is not None:
                     raise _damaged(f"objects[{i}]", why)
 
+    def _restored_chunks(self, state: Mapping[str, Any], slots: Tensor) -> list[Chunk]:
+        """The saved chunks with each slot placed in its row, checked (a store saved with dense columns is
+        packed here into one chunk)."""
+        n = int(slots.numel())
+        if "chunks" not in state:
+            missing = [k for k in _DENSE_SAVED if k not in state]
+            if missing:
+                raise _damaged("entries", f"{['chunks', *missing]} are missing (it holds {sorted(state)})")
+            mu = state["mu"]
+            if not isinstance(mu, Tensor) or mu.shape[:1] != (n,):
+                raise _damaged("column 'mu'", f"has {getattr(mu, 'shape', type(mu).__name__)} for {n} slots")
+            if not bool(torch.isfinite(mu.to(torch.float32)).all()):
+                raise _damaged("column 'mu'", "holds non-finite behaviour log-probs (insert stores finite ones only)")
+            scalars = set(state.get("scalars", ()))
+            payload = {k: v[:, 0] if k in scalars else v for k, v in state["payload"].items()}
+            chunk = make_chunk(slots, payload, {k: v.to(torch.long) for k, v in state["lengths"].items()}, mu,
+                               (), set())
+            return [chunk]
+        saved, chunk_of, row_of = state["chunks"], state.get("chunk_of"), state.get("row_of")
+        if not isinstance(saved, list):
+            raise _damaged("chunks", f"is a {type(saved).__name__}, not a list")
+        try:
+            chunks = [load_chunk(c, f"chunk {i}") for i, c in enumerate(saved)]
+        except NonFinite as exc:
+            raise _damaged("column 'mu'", str(exc)) from None
+        except ValueError as exc:
+            raise _damaged("chunks", str(exc)) from None
+        for name, value in (("chunk_of", chunk_of), ("row_of", row_of)):
+            if not isinstance(value, Tensor) or value.shape != (n,) or value.is_floating_point():
+                raise _damaged(name, f"is not {n} integer indices, one per slot")
+        assert isinstance(chunk_of, Tensor) and isinstance(row_of, Tensor)
+        sizes = torch.tensor([len(c) for c in chunks] or [0], dtype=torch.long)
+        if n and (int(chunk_of.min()) < 0 or int(chunk_of.max()) >= len(chunks)):
+            raise _damaged("chunk_of", f"holds chunks outside [0, {len(chunks)})")
+        if n and (bool((row_of < 0).any()) or bool((row_of >= sizes[chunk_of]).any())):
+            raise _damaged("row_of", "holds rows outside their chunk")
+        if n and int(torch.unique(chunk_of * (int(sizes.max()) + 1) + row_of).numel()) != n:
+            raise _damaged("row_of", "places two slots in one row")
+        for i, chunk in enumerate(chunks):
+            mine = chunk_of == i
+            chunk.slots[row_of[mine]] = slots[mine]
+        return chunks
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping):
             raise _damaged("the store", f"is a {type(state).__name__}, not a mapping")
@@ -363,28 +423,21 @@ class ReplayStore:
                                           f"rows ({state['per_prompt']} per prompt); this run's holds {self.capacity} "
                                           f"({self.per_prompt})"))
         self._check_restored(state, slots)
+        chunks = self._restored_chunks(state, slots)
         self.__init__(self.table, self.capacity, per_prompt=self.per_prompt,  # type: ignore[misc]
                       object_check=self.object_check)
         for name, value in state["columns"].items():
             self.columns[name][slots] = value.to(_COLUMNS[name])
-        mu = state["mu"]
-        self.mu = torch.zeros((self.capacity, mu.shape[1]), dtype=torch.float32)
-        self.mu[slots] = mu
+        for chunk in chunks:
+            self._place(chunk)
         self.dtypes = {k: getattr(torch, v) for k, v in state["dtypes"].items()}
         self.scalars = set(state.get("scalars", ()))
-        for name, value in state["payload"].items():
-            col = torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype)
-            col[slots] = value
-            self.payload[name] = col
-        for name, value in state["lengths"].items():
-            col = torch.zeros(self.capacity, dtype=torch.int32)
-            col[slots] = value
-            self.lengths[name] = col
         if state["objects"] is not None:
             self.objects = [None] * self.capacity
             for slot, obj in zip(slots.tolist(), state["objects"]):
                 self.objects[slot] = obj
         self.next_seq, self.next_group = int(state["next_seq"]), int(state["next_group"])
+        self._tidy()
 
 
 def _damaged(column: str, what: str) -> ConfigError:

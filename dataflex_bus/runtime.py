@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .block import RefillConfig
     from .history import PromptHistory, PromptTable
     from .method import Method
+    from .predictor import PredictorRun
     from .replay import Replay
     from .visits import VisitClasses, Visits
 
@@ -64,6 +65,12 @@ class Runtime:
         )
         # check_writes: compare the batch around every bus hook (None: in debug mode, DATAFLEX_DEBUG); see bus.py.
         self.bus = EventBus(self.plugins, check_writes=check_writes)
+        #: The block's predictor (``dataflex.predictor``), bound to the prompt table by :meth:`set_prompts`.
+        self.predictor: PredictorRun | None = None
+        if self.pipeline is not None and self.pipeline.config.predictor is not None:
+            from .predictor import build_predictor
+
+            self.predictor = build_predictor(self.pipeline.config.predictor, self.plugins.registry())
         if self.pipeline is not None:
             self.bus.add_participant(self.pipeline, self.name)
         #: What the block asks of the host's modes (draws prompts by row, runs generation again, ...), decided once.
@@ -193,14 +200,16 @@ class Runtime:
         """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
         step's counts in the prompt history (:meth:`end_step` does that for a host that emits nothing)."""
         decision = self.bus.emit(event, batch, step)
-        if event == "on_step_end" and self.history is not None:
-            self.history.end_step(step)
+        if event == "on_step_end":
+            self.end_step(step)
         return decision
 
     def end_step(self, step: int) -> None:
         """The step is done and nobody hears ``on_step_end``: close the step's counts in the prompt history."""
         if self.history is not None:
             self.history.end_step(step)
+        if self.predictor is not None:
+            self.predictor.end_step(step)
 
     # -------------------------------------------------------------- prompts and their history
     def set_prompts(self, table: PromptTable) -> None:
@@ -211,6 +220,8 @@ class Runtime:
         if self.plan.reads_history:
             self.history = PromptHistory(table, self._visit_classes())
             self._own_prompt_states(self.history)
+        if self.predictor is not None:
+            self.predictor.bind(len(table))
         method = self._replay_method()
         if method is not None:
             from .replay import Replay
@@ -274,6 +285,8 @@ class Runtime:
         if self.history is not None:
             fields.update(self.history.fields(index))  # the epoch before this draw
             self.history.consider(len(index))
+        if self.predictor is not None:
+            fields.update(self.predictor.predict(index, self.predictor.next_step))
         n = len(index)
         return Batch.from_tensors(uid=torch.arange(n), domains=domain_ids, domain_names=self.prompt_table.domains,
                                   is_padding=torch.zeros(n, dtype=torch.bool), **fields)
@@ -281,9 +294,10 @@ class Runtime:
     def record_rollouts(self, batch: Batch, step: int) -> dict[str, float]:
         """Add every rolled-out group of ``batch`` (with ``prompt_index`` per row) to the prompt history,
         before any selection; returns ``dataflex/history/...`` metrics. No-op without a history."""
-        if self.history is None:
-            return {}
-        return {f"dataflex/{k}": v for k, v in self.history.record(batch, step).items()}
+        out = {} if self.history is None else self.history.record(batch, step)
+        if self.predictor is not None:
+            out.update(self.predictor.record(batch, step))
+        return {f"dataflex/{k}": v for k, v in out.items()}
 
     @property
     def observer_failures(self) -> list[dict[str, Any]]:
@@ -333,6 +347,8 @@ class Runtime:
             out["history"] = self.history.state_dict()
         if self.replay is not None:
             out["replay"] = self.replay.state_dict()
+        if self.predictor is not None:
+            out["predictor"] = self.predictor.state_dict()
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -365,3 +381,7 @@ class Runtime:
                                           "kept"))
         if self.replay is not None and replay is not None:
             self.replay.load_state_dict(replay)
+        if self.predictor is not None:
+            if state.get("predictor") is None:
+                raise ConfigError(ConfigIssue("dataflex.predictor", "the checkpoint holds no predictor state"))
+            self.predictor.load_state_dict(state["predictor"])

@@ -64,23 +64,53 @@ def discard(path: Path) -> None:
         pass
 
 
+#: Digits of the size in a header written ahead of its payload (:func:`write_checked`), zero-padded.
+SIZE_DIGITS = 20
+
+
+def header(digest: str, size: int) -> bytes:
+    """The header line of a payload of SHA-256 ``digest`` and ``size`` bytes (fixed width, so it can be
+    written in front of a payload streamed after it)."""
+    return MAGIC + f" sha256={digest} bytes={size:0{SIZE_DIGITS}d}\n".encode()
+
+
+class _Hashing:
+    """A writable stream passing what it is given to ``fh`` while hashing and counting it."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
 def checked_bytes(state: Any) -> tuple[bytes, memoryview]:
-    """``(header, payload)`` of ``torch.save(state)``: what :func:`read_checked` verifies."""
+    """``(header, payload)`` of ``torch.save(state)`` in memory: what :func:`read_checked` verifies (for a small
+    state; :func:`write_checked` streams to the file instead)."""
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getbuffer()
-    return MAGIC + f" sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n".encode(), payload
+    return header(hashlib.sha256(payload).hexdigest(), len(payload)), payload
 
 
 def write_checked(path: Path, state: Any, *, atomic: Callable[[Path, Callable[[BinaryIO], object]], None]
                   = atomic_write) -> None:
     """``torch.save(state)`` to ``path`` atomically, behind the checksum header (``atomic``: the writer, which
-    may wrap ``OSError`` in its own error)."""
-    header, payload = checked_bytes(state)
+    may wrap ``OSError`` in its own error). The payload is streamed to the file and hashed as it goes, the
+    header written over a placeholder of its width at the end: no second copy of the state in memory."""
 
     def write(fh: BinaryIO) -> None:
-        fh.write(header)
-        fh.write(payload)
+        fh.write(header("0" * 64, 0))
+        stream = _Hashing(fh)
+        torch.save(state, stream)  # type: ignore[arg-type]  # (a writable stream: torch.save calls write only)
+        fh.seek(0)
+        fh.write(header(stream.sha.hexdigest(), stream.size))
+        fh.seek(0, os.SEEK_END)
 
     atomic(path, write)
 
@@ -92,6 +122,32 @@ def save_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
         write_checked(target, dict(state))
     except OSError as exc:
         raise CheckpointError(f"{target}: cannot write the dataflex state ({exc.strerror or exc})") from exc
+
+
+class Retention:
+    """A host's checkpoint retention applied to the state files written beside its checkpoints: of the files
+    this process saved, the newest ``keep`` stay (``None``: all), as the host keeps its own (verl's checkpoint
+    manager counts the checkpoints its process saved, ``trainer.max_actor_ckpt_to_keep``). A removed file's
+    folder goes too when nothing else is left in it."""
+
+    def __init__(self, keep: int | None) -> None:
+        self.keep = keep if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0 else None
+        self.saved: list[Path] = []
+
+    def wrote(self, path: str | os.PathLike[str]) -> list[Path]:
+        """Record ``path`` as just written; returns the older files removed."""
+        target = Path(path)
+        self.saved = [p for p in self.saved if p != target] + [target]
+        if self.keep is None or len(self.saved) <= self.keep:
+            return []
+        old, self.saved = self.saved[:-self.keep], self.saved[-self.keep:]
+        for p in old:
+            discard(p)
+            try:
+                p.parent.rmdir()  # only when empty
+            except OSError:
+                pass
+        return old
 
 
 def read_checked(path: Path, fresh: str) -> bytes:

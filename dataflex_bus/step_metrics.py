@@ -177,38 +177,6 @@ class Counters:
         self.values = {k: int(old[k] if k not in _LATER_COUNTERS else old.get(k, 0)) for k in COUNTERS}
 
 
-
-class AllocationStats:
-    """``dataflex/alloc/*`` of one step, when a method allocates rollouts per prompt: over every prompt
-    generated in the step (every round, after its continuation rounds) the fewest, most and mean rollouts
-    (``min``, ``max``, ``mean``), how many prompts were generated (``covered``) and how many candidates were
-    given no rollout (``skipped``); ``continued``: groups a continuation round extended, ``rollouts``: every
-    rollout of those prompts."""
-
-    def __init__(self) -> None:
-        self.sizes: list[Tensor] = []
-        self.skipped = 0
-        self.continued = 0
-
-    def candidates(self, counts: Tensor) -> None:
-        """One draw's counts (long ``[N]``, 0 = skipped)."""
-        self.skipped += int((counts == 0).sum())
-
-    def groups(self, sizes: Tensor) -> None:
-        """The final sizes of one round's groups."""
-        self.sizes.append(sizes.to(torch.long))
-
-    def metrics(self) -> dict[str, float]:
-        p = "dataflex/alloc/"
-        sizes = torch.cat(self.sizes) if self.sizes else torch.zeros(0, dtype=torch.long)
-        out = {f"{p}covered": float(sizes.numel()), f"{p}skipped": float(self.skipped),
-               f"{p}continued": float(self.continued), f"{p}rollouts": float(sizes.sum())}
-        if sizes.numel():
-            out.update({f"{p}min": float(sizes.min()), f"{p}max": float(sizes.max()),
-                        f"{p}mean": float(sizes.double().mean())})
-        return out
-
-
 def skipped_summary(runtime: Runtime, metrics: Sequence[Mapping[str, float]]) -> str | None:
     """The end-of-training line of a run most of whose updates were skipped (``metrics``: each step's kit
     metrics), naming each selection and the share of the rows it kept (its ``kept_fraction``, averaged over

@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import torch
 
+from .allocation import AllocationStats, carry_out_counts
 from .batch import Batch
 from .carry import (
     AdvantageAction,
     carry_out_advantage,
-    carry_out_counts,
     carry_out_prompts,
     minibatch_index,
     sampling_probabilities,
@@ -62,7 +62,7 @@ from .generation import (
 from .generation import group_labels as group_labels
 from .host import MINIBATCH_INDEX
 from .mechanisms.replay import VERSION_FIELD
-from .step_metrics import AllocationStats, Counters, RolloutStats, count_prompt_tokens, trained_metrics
+from .step_metrics import Counters, RolloutStats, count_prompt_tokens, trained_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -123,6 +123,7 @@ def validate(
     issues.extend(_check_block(cfg, classes, key))
     issues.extend(_check_history(cfg, classes, key, built))
     issues.extend(_check_refill(cfg, host, key))
+    issues.extend(_check_predictor(cfg, classes, key, registry))
     if not issues:  # (the plan reads the resolved methods)
         issues.extend(refuse_lacking(host, Plan.of(cfg, key).needed()))
     if not issues and host.check is not None:
@@ -274,6 +275,18 @@ def _check_history(cfg: DataflexConfig, classes: list[_Classes | None], key: str
                                       f"classifies them as {seen[0][1].to_dict()}; the block keeps one prompt "
                                       "history, so they must agree"))
     return issues
+
+
+def _check_predictor(cfg: DataflexConfig, classes: list[_Classes | None], key: str,
+                     registry: Registry) -> list[ConfigIssue]:
+    """The block's predictor resolves and checks, and is named exactly when a component reads it."""
+    from .predictor import check_predictor, uses_predictor
+
+    readers = [f"{mkey}.{slot}.name" for mkey, found in zip(method_keys(cfg, key), classes) if found is not None
+               for slot, cls in zip(("scorer", "actuator"), found) if uses_predictor(cls)]
+    if cfg.predictor is None and not readers:
+        return []
+    return check_predictor(cfg.predictor, readers, registry, key=f"{key}.predictor")
 
 
 def _check_refill(cfg: DataflexConfig, host: HostDescription, key: str) -> list[ConfigIssue]:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from greso_report import reach  # noqa: E402  (benchmarks/ is no package)
 from preregistration import read_hypotheses  # noqa: E402  (scripts/ is no package)
 
-from dataflex_bus.shim.compare import load_curve  # noqa: E402
+from dataflex_bus.shim.analysis import load_curve  # noqa: E402
 from dataflex_bus.shim.stats import mean_ci  # noqa: E402
 
 READINGS = ("delta_equal_rollouts", "per_group_ratio", "rollouts_to_target")

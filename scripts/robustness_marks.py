@@ -5,7 +5,7 @@ The curves are ``docs/results/robustness_curves.json``: for each experiment (``i
 its regime, baseline, seeds and, per method label, one entry per seed with its eval points
 ``[step, generated_rollouts, generated_tokens, trained_tokens, modelled_cost, value]`` (what compare reads).
 Every reading is recomputed from them with ``dataflex compare``'s own functions
-(:func:`~dataflex_bus.shim.compare.analyse`, :func:`~dataflex_bus.shim.compare.to_target`), so a reader
+(:func:`~dataflex_bus.shim.analysis.analyse`, :func:`~dataflex_bus.shim.analysis.to_target`), so a reader
 can recompute each mark from committed numbers:
 
     python scripts/robustness_marks.py docs/results/robustness.md docs/results/robustness_curves.json
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from preregistration import read_hypotheses  # noqa: E402  (scripts/ is no package)
 
-from dataflex_bus.shim.compare import Reading, RunCurve, analyse, load_curve, to_target  # noqa: E402
+from dataflex_bus.shim.analysis import Reading, RunCurve, analyse, load_curve, to_target  # noqa: E402
 from dataflex_bus.shim.stats import holm, one_sided_p  # noqa: E402
 
 READINGS = ("delta_equal_rollouts", "delta_equal_tokens", "delta_equal_steps", "rollouts_to_target_symmetric")

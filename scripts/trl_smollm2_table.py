@@ -6,7 +6,7 @@
 Each (method, seed) is one ``examples/trl/arithmetic.py`` run of SmolLM2-135M-Instruct in TRL's GRPOTrainer on
 few-shot two-digit addition (300 training and 100 held-out problems, split by the seed; the held-out ones
 scored greedily every ``EVAL_EVERY`` steps), in a process of its own with one torch thread, ``--jobs`` at a
-time. The analysis is ``dataflex compare``'s (:func:`dataflex_bus.shim.compare.analyse`): the held-out
+time. The analysis is ``dataflex compare``'s (:func:`dataflex_bus.shim.analysis.analyse`): the held-out
 accuracy at the last step, paired against plain TRL on the same seeds with Student t intervals, and the same
 at equal generated rollouts (each pair read where both have generated the smaller final count, linear
 between eval points). Writes ``docs/results/trl_smollm2_table.json`` (every run's eval points and summary,
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dataflex_bus.shim import report  # noqa: E402
-from dataflex_bus.shim.compare import Reading, RunCurve, analyse  # noqa: E402
+from dataflex_bus.shim.analysis import Reading, RunCurve, analyse  # noqa: E402
 
 #: label -> the dataflex block's file (None: plain TRL). The blocks are the examples', unchanged.
 METHODS: dict[str, str | None] = {

@@ -68,8 +68,9 @@ def actuator_kinds() -> tuple[str, ...]:
 
 
 def component_kinds() -> tuple[str, ...]:
-    """Every component kind a plugin may register: ``scorer`` and each actuator kind."""
-    return ("scorer", *actuator_kinds())
+    """Every component kind a plugin may register: ``scorer``, ``predictor`` (:mod:`dataflex_bus.predictor`) and
+    each actuator kind."""
+    return ("scorer", "predictor", *actuator_kinds())
 
 
 # The built-in mechanisms, in the order the command line and the docs list them.

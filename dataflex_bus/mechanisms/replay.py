@@ -121,15 +121,22 @@ class Replayer(Actuator):
         return ReplaySettings()
 
     def check_host(self, host: HostDescription) -> list[tuple[str, str]]:
-        """The buffer fits this machine (its columns are preallocated) and holds at least one group, else
-        nothing it stores could ever be replayed."""
-        from ..memory import beyond_memory
+        """The buffer fits this machine at the host's longest rows (its columns preallocated, each row's packed
+        fields at the host's estimate) and holds at least one group, else nothing it stores could ever be
+        replayed."""
+        from ..memory import beyond_memory, format_bytes, machine_memory, stored_row
         from ..replay_store import preallocated_bytes
 
         s = self.settings()
         issues = super().check_host(host)
-        refusal = beyond_memory(preallocated_bytes(s.capacity), f"capacity={s.capacity:,} stored rows",
-                                "lower capacity", host.memory_limit)
+        row, basis = stored_row(host)
+        per_row = preallocated_bytes(1) + row
+        total = s.capacity * per_row
+        fits = max(1, (host.memory_limit or machine_memory()) // per_row)
+        refusal = beyond_memory(total, f"capacity={s.capacity:,} stored rows at {format_bytes(per_row)} a row "
+                                f"({basis})",
+                                f"lower capacity (at most about {fits:,} rows fit) or the host's maximum prompt "
+                                "and response lengths", host.memory_limit)
         if refusal:
             return [*issues, ("capacity", refusal)]
         n = host.group_size

@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from ..config import apply_overrides, load_config
-from ..errors import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt, add_note
+from ..kit import ConfigError, ConfigIssue, PluginRuntimeError, SignalInterrupt, add_note, apply_overrides, load_config
 from . import report
 from .config import prepare
 from .files import CHECKPOINT, checkpoint_step
@@ -68,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The overlay first, the command line's overrides last: `key=value` still wins over the regime.
     config = apply_overrides(config if regime is None else regime.apply(config), args.overrides)
     if args.dry_run:
-        from ..checkconfig import validation_report
+        from ..kit import validation_report
 
         print("\n".join(validation_report(prepare(config, steps=args.steps, seed=args.seed).method)))
         return 0

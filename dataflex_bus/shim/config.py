@@ -18,10 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..block import DataflexConfig
-from ..errors import ConfigError, ConfigIssue
-from ..schema import check_section, unknown_key
-from ..validation import validate
+from ..kit import ConfigError, ConfigIssue, DataflexConfig, check_section, unknown_key, validate
 from .host import describe
 from .pool import regime_issues
 from .sections import DATA, MODEL, SECTIONS, TRAINER

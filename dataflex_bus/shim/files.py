@@ -22,11 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import state_file
-from ..errors import DataflexError
-from ..state_file import TEMPORARY, discard, read_state
-from ..state_file import CheckpointError as CheckpointError  # the shim's readers raise it too
-from ..state_file import read_checked as read_checked  # the warm-start cache reads its entries with it
+from ..kit import TEMPORARY, DataflexError, discard, read_state, state_file
+from ..kit import CheckpointError as CheckpointError  # the shim's readers raise it too
+from ..kit import read_checked as read_checked  # the warm-start cache reads its entries with it
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..host import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
+from ..kit import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
 from .sizes import row_bytes
 
 NAME = "shim"

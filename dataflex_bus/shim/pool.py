@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigIssue
+from ..kit import ConfigIssue
 from .split import Split, digits_of, heldout_per_level, level_sizes
 from .tasks import TASKS, Prompts, build_prompts
 

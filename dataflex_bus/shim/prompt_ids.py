@@ -9,7 +9,7 @@ they are never drawn.
 
 from __future__ import annotations
 
-from ..history import PromptTable
+from ..kit import PromptTable
 from .split import Split
 
 #: What a user would set to give prompts stable ids (named in errors about ids).

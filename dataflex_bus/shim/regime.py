@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import load_yaml
-from ..errors import ConfigError, ConfigIssue
+from ..kit import ConfigError, ConfigIssue, load_yaml
 
 #: The sections a regime may set.
 REGIME_SECTIONS = ("trainer", "data")

@@ -143,8 +143,9 @@ def compare_figure(groups: Mapping[str, Runs], *, metric: str, domains: Sequence
     Top: ``metric`` against steps and against generated rollouts (seed mean, band = +-1 std; a dotted
     line marks the baseline's final rollout count, where the equal-budget reading happens), then the
     same held-out family per learnable domain. Bottom (seed mean, ``SMOOTH``-step average): kept
-    fraction, cumulative skipped updates, domain probabilities of methods that move them, and reweight
-    methods' weight mean/std; panels nobody has anything to show in are left out.
+    fraction, cumulative skipped updates, domain probabilities of methods that move them, reweight
+    methods' weight mean/std and predictors' calibration (``dataflex/predictor/spearman``, ``.../brier``);
+    panels nobody has anything to show in are left out.
     """
     plt = _pyplot()
     labels = list(groups)
@@ -173,8 +174,10 @@ def compare_figure(groups: Mapping[str, Runs], *, metric: str, domains: Sequence
              for label, runs in groups.items()}
     weighted = [label for label, runs in groups.items()
                 if any("dataflex/weight_mean" in m for r in runs for m in r)]
+    predicting = [label for label, runs in groups.items()
+                  if any("dataflex/predictor/brier" in m for r in runs for m in r)]
     bottom = ["kept"] + (["skipped"] if any_skip else []) + (["probs"] if any(probs.values()) else []) \
-        + (["weights"] if weighted else [])
+        + (["weights"] if weighted else []) + (["calibration"] if predicting else [])
 
     cols = max(len(top), len(bottom))
     fig, axes = plt.subplots(2, cols, figsize=(4.4 * cols, 8.0), squeeze=False)
@@ -212,6 +215,10 @@ def compare_figure(groups: Mapping[str, Runs], *, metric: str, domains: Sequence
                 for d in probs[label]:
                     ax.plot(x, per_step(runs, f"dataflex/sample_prob/{d}"), color=c, lw=w,
                             ls=styles[domains.index(d) % len(styles)])
+            elif panel == "calibration":
+                if label in predicting:
+                    ax.plot(x, per_step(runs, "dataflex/predictor/spearman"), color=c, lw=w)
+                    ax.plot(x, per_step(runs, "dataflex/predictor/brier"), color=c, lw=w, ls="--")
             elif label in weighted:
                 ax.plot(x, per_step(runs, "dataflex/weight_mean"), color=c, lw=w)
                 ax.plot(x, per_step(runs, "dataflex/weight_std"), color=c, lw=w, ls="--")
@@ -221,6 +228,7 @@ def compare_figure(groups: Mapping[str, Runs], *, metric: str, domains: Sequence
             "probs": "sampling probability per domain\n" + ", ".join(
                 f"{d} {style_names[domains.index(d) % len(styles)]}" for d in moved),
             "weights": "loss weights: mean (solid), std (dashed)",
+            "calibration": "predictor calibration: Spearman (solid),\nBrier (dashed)",
         }
         ax.set_title(titles[panel], fontsize=10)
         ax.set_xlabel("step")

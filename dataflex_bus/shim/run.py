@@ -23,8 +23,7 @@ from typing import IO, Any
 import torch
 
 from .. import __version__
-from ..errors import ConfigError, ConfigIssue, SignalInterrupt, clip_text, format_traceback
-from ..runtime import Runtime
+from ..kit import ConfigError, ConfigIssue, Runtime, SignalInterrupt, clip_text, format_traceback
 from . import report
 from .config import RunConfig, prepare
 from .files import (

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..schema import Param
+from ..kit import Param
 from .tasks import TASKS
 
 TRAINER: dict[str, Param] = {

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigIssue
-from ..memory import FALLBACK_MEMORY, GIB, format_bytes, machine_memory
+from ..kit import FALLBACK_MEMORY, GIB, ConfigIssue, format_bytes, machine_memory
 from .sections import MODEL, TRAINER
 from .tasks import MAX_RESPONSE_LEN, NUM_OUTPUTS, PROMPT_LEN, vocab_size
 

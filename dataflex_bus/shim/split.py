@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, ConfigIssue
-from ..ops import segment_count, segment_sum
+from ..kit import ConfigError, ConfigIssue, segment_count, segment_sum
 from .policy import TinyPolicy, generate
 from .tasks import DIGITS, MAX_DIGITS, TASKS, Prompts, build_prompts, exact_match, random_match_probability
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ops import segment_max, segment_min
+from ..kit import segment_max, segment_min
 
 #: Token ids: digits are their own ids, then EOS and PAD, then one token per domain.
 DIGITS = 10

@@ -26,15 +26,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..batch import Batch
-from ..carry import AdvantageAction
-from ..confdiff import differences as diff
-from ..errors import ConfigError, DataflexError
-from ..generation import concat_rounds, group_labels
-from ..ops import grpo_outcome_advantage
-from ..runtime import Runtime
-from ..sampler import prepare_prompts
-from ..steps import Candidates, Chosen, Step, StepKit
+from ..kit import (
+    AdvantageAction,
+    Batch,
+    Candidates,
+    Chosen,
+    ConfigError,
+    DataflexError,
+    Runtime,
+    Step,
+    StepKit,
+    concat_rounds,
+    group_labels,
+    grpo_outcome_advantage,
+    prepare_prompts,
+)
+from ..kit import differences as diff
 from . import warmstart
 from .config import fingerprint
 from .files import CheckpointError

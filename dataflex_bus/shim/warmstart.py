@@ -30,8 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
-from ..cache import ENV_CACHE, cache_root
-from ..errors import DataflexError
+from ..kit import ENV_CACHE, DataflexError, cache_root
 from .files import read_checked, write_checked
 from .machine import cpu_capability, cpu_model
 from .policy import TinyPolicy, pretrain

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports
+from ..kit import lazy_exports
 
 #: The TRL versions whose private hook points (``_generate_and_score_completions``, ``_calculate_rewards``,
 #: ``_generate``, ``_compute_loss``, ...) the adapter was written and tested against: [low, high).

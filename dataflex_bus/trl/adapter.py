@@ -11,9 +11,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..batch import Batch
-    from ..generation import Generation
-    from ..steps import Step
+    from ..kit import Batch, Generation, Step
     from .batches import BatchMaker
     from .processes import Processes
     from .prompts import PromptStream

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from trl.trainer.utils import nanstd
 
-from ..ops import segment_slots
+from ..kit import segment_slots
 
 #: TRL's constant in the advantage's denominator.
 EPS = 1e-4

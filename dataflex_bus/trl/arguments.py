@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError, ConfigIssue
+from ..kit import ConfigError, ConfigIssue
 
 #: ``GRPOTrainer.__init__``'s positional order (TRL 1.16), up to the arguments read here.
 POSITIONAL = ("model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class")

@@ -10,8 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..batch import Batch
-from ..runtime import Runtime
+from ..kit import Batch, Runtime
 from .processes import Processes
 from .records import Kept, RoundData, fit
 from .rows import Layout, pad_left, pad_right

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ConfigIssue
+from ..kit import ConfigError, ConfigIssue
 
 #: What ``dataflex=`` takes, said in every refusal of it.
 EXPECTED = ("a block (a mapping such as {'mechanism': 'select', 'scorer': {'name': ...}, 'actuator': {'name': "
@@ -38,7 +38,7 @@ def load_block(dataflex: Mapping[str, Any] | str | os.PathLike[str] | None) -> d
         what = "is a directory" if path.is_dir() else "is no file"
         raise ConfigError(ConfigIssue("dataflex", f"{str(dataflex)!r} {what}; dataflex= takes {EXPECTED}",
                                       hint=_hint(path)))
-    from ..config import load_config
+    from ..kit import load_config
 
     config = load_config(path)
     if "dataflex" in config:
@@ -58,7 +58,7 @@ def load_block(dataflex: Mapping[str, Any] | str | os.PathLike[str] | None) -> d
 def _empty(path: Path, config: Mapping[str, Any]) -> ConfigIssue:
     """The refusal of a file whose ``dataflex:`` block is empty: a bare ``dataflex:``, ``dataflex: {}``, or a
     block whose keys were not indented under it (then they sit at the top level, named)."""
-    from ..block import BLOCK_KEYS, METHOD_KEYS
+    from ..kit import BLOCK_KEYS, METHOD_KEYS
 
     keys = {*METHOD_KEYS, *BLOCK_KEYS, "scorer", "actuator", "methods"}
     stray = [str(k) for k in config if k in keys]
@@ -69,12 +69,12 @@ def _empty(path: Path, config: Mapping[str, Any]) -> ConfigIssue:
 
 def _hint(path: Path) -> str:
     """The example configs of that name; for a component's name, where its example block is."""
-    from ..config import missing_file_hint
+    from ..kit import missing_file_hint
 
     hints = [missing_file_hint(path)]
     name = str(path)
     if os.sep not in name and "/" not in name:
-        from ..validation import installed_registry
+        from ..kit import installed_registry
 
         if installed_registry().find(name):
             hints.append(f"{name!r} is a component: `dataflex info {name}` prints a block using it")

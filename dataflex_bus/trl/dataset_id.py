@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError, ConfigIssue
+from ..kit import ConfigError, ConfigIssue
 
 #: The key the refusals name.
 KEY = "train_dataset"

@@ -21,7 +21,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..doctor import (
+from ..kit import (
     FAIL,
     OK,
     WARN,
@@ -42,8 +42,7 @@ TRL_DEFAULTS = {"loss_type": "dapo", "num_generations": 8, "per_device_train_bat
 
 
 def _block_checks(config: Mapping[str, Any], add: Add) -> None:
-    from ..errors import ConfigError
-    from ..runtime import Runtime
+    from ..kit import ConfigError, Runtime
     from .host import config_issues, describe
     from .sizes import MODEL_FIELDS, model_config, model_shape
 
@@ -98,7 +97,7 @@ def run_checks(config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Print the checks; exit status 1 if any failed (``--strict``: or warned)."""
-    from ..config import load_config
+    from ..kit import load_config
 
     overrides: Sequence[str] = getattr(args, "overrides", None) or ()
     path = getattr(args, "config", None)

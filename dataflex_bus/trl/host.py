@@ -22,13 +22,11 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigIssue
-from ..host import CAPABILITIES, EVENT_FIELDS, HostDescription
-from ..plan import Plan
+from ..kit import CAPABILITIES, EVENT_FIELDS, ConfigIssue, HostDescription, Plan
 from .arguments import field_of
 
 if TYPE_CHECKING:
-    from ..block import DataflexConfig
+    from ..kit import DataflexConfig
 
 log = logging.getLogger("dataflex_bus")
 
@@ -134,7 +132,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
     (``None``: not known) with ``environments`` (``GRPOTrainer``'s ``environment_factory`` given), a model of
     ``model``'s shape (:func:`~dataflex_bus.trl.sizes.model_shape`; ``None``: not known) and prompts of up to
     ``prompt_tokens`` tokens: its rows' bytes (:func:`~dataflex_bus.trl.sizes.row_bytes`)."""
-    from .sizes import row_bytes
+    from .sizes import row_bytes, stored_row_bytes
 
     advantage = set(ON_ADVANTAGE)
     missing = {**_MISSING, **LACKS}
@@ -160,13 +158,15 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
         processes = int(field_of(args, "world_size", 1)) if not isinstance(args, Mapping) else 1
     generations = field_of(args, "num_generations")
     row, basis = row_bytes(args, model, prompt_tokens)
+    stored, stored_basis = stored_row_bytes(args, prompt_tokens)
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": ON_ROLLOUT,
               "on_advantage": frozenset(advantage), "on_step_end": frozenset(advantage)}
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator="grpo",
                            group_size=int(generations) if generations is not None else None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset, processes=processes),
-                           group_size_name=f"{KEY}.num_generations", row_bytes=row, row_bytes_basis=basis)
+                           group_size_name=f"{KEY}.num_generations", row_bytes=row, row_bytes_basis=basis,
+                           stored_row_bytes=stored, stored_row_basis=stored_basis)
 
 
 def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:

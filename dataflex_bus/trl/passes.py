@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..errors import DataflexError
-from ..generation import RolloutOutcome, concat_rows
-from ..steps import Candidates, Step
+from ..kit import Candidates, DataflexError, RolloutOutcome, Step, concat_rows
 from . import replays
 from .advantages import trl_advantages
 from .processes import unlog_padding

@@ -14,8 +14,7 @@ import torch
 from accelerate.utils import gather_object
 from torch import Tensor
 
-from ..errors import DataflexError
-from ..fingerprint import fingerprint
+from ..kit import DataflexError, fingerprint
 from .rows import REAL, Layout
 
 

@@ -20,9 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, ConfigIssue
-from ..history import PromptTable
-from ..sampler import DomainSampler
+from ..kit import ConfigError, ConfigIssue, DomainSampler, PromptTable
 
 #: What names a prompt of a TRL dataset: its domain label and its position in the training dataset.
 ID_COLUMN = "dataset row"

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..batch import Batch
+from ..kit import Batch
 
 
 class Collected(Exception):

@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..batch import Batch
-from ..replay import Replayed
-from ..replay_store import ObjectCheck, pad_to
+from ..kit import Batch, ObjectCheck, Replayed, pad_to
 from .records import Kept, RoundData
 
 if TYPE_CHECKING:

@@ -98,3 +98,17 @@ def row_bytes(args: Any, shape: Mapping[str, int] | None, prompt_tokens: int = 0
     forward = n_layers * t * per_token + c * v * 4 * 3
     return stored + forward // spg, (f"{lengths}, a {n_layers}-layer model {h} wide, vocabulary {v}, the forward "
                                      f"on micro-batches of 1/{spg} of the rows")
+
+
+#: Bytes a Python int in a list takes (the object and its pointer): TRL keeps a stored row's token ids as lists.
+PYTHON_ID_BYTES = 36
+
+
+def stored_row_bytes(args: Any, prompt_tokens: int = 0) -> tuple[int, str]:
+    """``(bytes, basis)`` of one row in the replay store on TRL: the object TRL needs to train it again
+    (:func:`~dataflex_bus.trl.replays.stored_object`: its prompt and completion ids as Python lists, texts,
+    inputs and logs, :data:`PYTHON_ROW_BYTES`) and its behaviour log-probs (float32) over
+    ``max_completion_length`` tokens."""
+    c = int(field_of(args, "max_completion_length", 512))
+    return (PYTHON_ROW_BYTES + (prompt_tokens + c) * PYTHON_ID_BYTES + 4 * c,
+            f"{prompt_tokens} prompt + {c} completion tokens (max_completion_length) as Python id lists")

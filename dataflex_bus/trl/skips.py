@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..step_metrics import skipped_summary
+from ..kit import skipped_summary
 
 log = logging.getLogger("dataflex_bus")
 

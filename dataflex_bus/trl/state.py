@@ -8,8 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import ConfigError, ConfigIssue
-from ..state_file import check_format, read_state, restore, save_state, warn_no_state
+from ..kit import ConfigError, ConfigIssue, check_format, read_state, restore, save_state, warn_no_state
 from . import dataset_id
 
 if TYPE_CHECKING:

@@ -38,9 +38,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from ..runtime import Runtime
-from ..sampler import domain_labels, prepare_prompts
-from ..steps import StepKit
+from ..kit import Runtime, StepKit, domain_labels, prepare_prompts
 from . import loss, passes, replays, state
 from .adapter import BatchState, RunSettings
 from .arguments import argument, check_processing_class

@@ -13,10 +13,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 from trl.models.utils import disable_gradient_checkpointing
 
-from ..carry import AdvantageAction
-from ..errors import DataflexError
-from ..generation import RolloutOutcome
-from ..steps import Step
+from ..kit import AdvantageAction, DataflexError, RolloutOutcome, Step
 from . import replays
 from .records import Kept, RoundData
 from .rows import BEHAVIOUR, MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, row_fields, trim

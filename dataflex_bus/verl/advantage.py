@@ -26,10 +26,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..batch import Batch
-from ..errors import BatchFieldError
-from ..runtime import Runtime
-from ..steps import Step
+from ..kit import Batch, BatchFieldError, Runtime, Step
 from .blocks import minibatch_blocks
 from .tqbatch import fetch, labels_of, nested_row_counts, padding_flags, put, to_nested
 

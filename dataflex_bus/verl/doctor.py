@@ -26,18 +26,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from ..doctor import (
-    FAIL,
-    OK,
-    WARN,
-    add_block,
-    block_warnings,
-    new_checks,
-    plugin_checks,
-    report,
-    tested_version,
-    version,
-)
+from ..kit import FAIL, OK, WARN, add_block, block_warnings, new_checks, plugin_checks, report, tested_version, version
 from . import TESTED_VERL, TRAINER_MODES
 
 
@@ -58,7 +47,7 @@ def compose_main_ppo(overrides: Sequence[str]) -> Any:
 
 def _block_checks(overrides: Sequence[str], add: Any) -> None:
     """The ``dataflex`` block of ``overrides`` against the trainer ``main_ppo`` would build from them."""
-    from ..errors import ConfigError
+    from ..kit import ConfigError
     from .guard import has_block, ignored_issue
 
     try:
@@ -92,7 +81,7 @@ def _block_checks(overrides: Sequence[str], add: Any) -> None:
 def _file_block_checks(config: dict[str, Any], add: Any) -> None:
     """The ``dataflex`` block of a verl config file (``--config FILE``) against verl's description of that file,
     as ``dataflex validate FILE`` checks it (no Hydra compose: the file holds what it holds)."""
-    from ..errors import ConfigError
+    from ..kit import ConfigError
     from .host import check_config
 
     try:
@@ -173,7 +162,7 @@ def _quiet_verl_import() -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Print the checks; exit status 1 if any failed (``--strict``: or warned)."""
-    from ..config import load_config
+    from ..kit import load_config
 
     _quiet_verl_import()
     overrides = getattr(args, "overrides", None) or ()

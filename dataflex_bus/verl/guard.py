@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, ConfigIssue
+from ..kit import ConfigError, ConfigIssue
 from . import TRAINER_MODES
 from .host import select
 

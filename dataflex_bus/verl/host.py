@@ -14,11 +14,10 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigIssue
-from ..host import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, HostDescription
+from ..kit import CAPABILITIES, EVENT_FIELDS, MINIBATCH_INDEX, ConfigIssue, HostDescription
 
 if TYPE_CHECKING:
-    from ..block import DataflexConfig
+    from ..kit import DataflexConfig
 
 log = logging.getLogger("dataflex_bus")
 
@@ -44,8 +43,7 @@ def claims(config: Mapping[str, Any]) -> str | None:
 def check_config(config: Any) -> Any:
     """A verl config's ``dataflex`` block against verl's description of that config, every problem at once
     (the validated block, ``None`` when there is none); raises :class:`~dataflex_bus.errors.ConfigError`."""
-    from ..errors import ConfigError
-    from ..validation import validate
+    from ..kit import ConfigError, validate
 
     issues: list[Any] = context_issues(config)
     block, cfg = config.get("dataflex"), None
@@ -157,6 +155,7 @@ def describe(config: Any) -> HostDescription:
     fields = {"on_prompts": EVENT_FIELDS["on_prompts"], "on_rollout": frozenset(rollout),
               "on_advantage": frozenset(advantage), "on_step_end": step_end}
     row, basis = row_bytes(config)
+    stored, stored_basis = stored_row_bytes(config)
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator=estimator,
                            group_size=n, prompts_per_step=_positive(select(config, "data.train_batch_size")),
                            loss_agg=str(select(config, "actor_rollout_ref.actor.loss_agg_mode",
@@ -164,7 +163,8 @@ def describe(config: Any) -> HostDescription:
                            missing=missing, check=lambda cfg, key: block_issues(config, cfg, key),
                            rollout_is=None if rollout_is is None or bool(
                                select(config, f"{ROLLOUT_CORRECTION}.bypass_mode", False)) else str(rollout_is),
-                           row_bytes=row, row_bytes_basis=basis)
+                           row_bytes=row, row_bytes_basis=basis, stored_row_bytes=stored,
+                           stored_row_basis=stored_basis)
 
 
 def row_bytes(config: Any) -> tuple[int, str]:
@@ -180,6 +180,21 @@ def row_bytes(config: Any) -> tuple[int, str]:
             f"data.max_prompt_length {p} + data.max_response_length {r} tokens of ids, masks and per-token values")
 
 
+def stored_row_bytes(config: Any) -> tuple[int, str]:
+    """``(bytes, basis)`` of one trajectory in the replay store at the longest prompt ``P`` and response ``R``
+    (``data.max_prompt_length``, ``data.max_response_length``): its fields as generated, packed
+    (:mod:`dataflex_bus.packed`): token ids of ``prompts``, ``responses`` and ``input_ids`` as int32 (a
+    vocabulary over 65,536 words), ``response_mask`` and ``attention_mask`` one byte a token and
+    ``position_ids`` two (where they are not derived), ``rm_scores``, ``rollout_log_probs`` and the behaviour
+    log-probs float32 (where they are not shared), the extents and 1 KiB of non-tensor columns. An upper bound:
+    a row at the longest lengths, nothing derived."""
+    p = _positive(select(config, "data.max_prompt_length")) or 512
+    r = _positive(select(config, "data.max_response_length")) or 512
+    t = p + r
+    return (4 * (p + r + t) + (r + t) + 2 * t + 3 * 4 * r + 2 * 8 + 1024,
+            f"data.max_prompt_length {p} + data.max_response_length {r} tokens, packed")
+
+
 def _positive(value: Any) -> int | None:
     """``value`` when it is a positive int (a config value that may be unset or an interpolation), else ``None``."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
@@ -188,9 +203,7 @@ def _positive(value: Any) -> int | None:
 def block_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> list[ConfigIssue]:
     """verl settings under which the block's methods would not do what they say; logs a warning for settings
     that weaken, but do not disable, a method."""
-    from ..mechanisms import mechanism
-    from ..mechanisms.allocate import Allocate
-    from ..mechanisms.reweight import Reweight
+    from ..kit import Allocate, Reweight, mechanism
 
     mechs = [mechanism(m.mechanism) for m in cfg.methods]
     issues: list[ConfigIssue] = []
@@ -253,8 +266,7 @@ def replay_issues(config: Any, cfg: DataflexConfig, key: str = "dataflex") -> li
     against the stored behaviour log-probs instead and would be weighted twice under any ``rollout_is``. Either way
     the batch must reach verl's old-log-prob pass unchanged (no bypass mode, no rejection sampling, no batch
     normalisation of the weights, no DAPO evicting groups the buffer needs)."""
-    from ..mechanisms.replay import Replayer
-    from ..validation import method_keys
+    from ..kit import Replayer, method_keys
 
     issues: list[ConfigIssue] = []
     rc = ROLLOUT_CORRECTION
@@ -309,7 +321,7 @@ def _same_threshold(threshold: Any, cap: float) -> bool:
 
 def _token_selections(cfg: DataflexConfig, key: str) -> list[str]:
     """The config keys of the block's methods that select tokens."""
-    from ..validation import method_keys
+    from ..kit import method_keys
 
     return [mkey for m, mkey in zip(cfg.methods, method_keys(cfg, key))
             if m.resolved is not None and getattr(m.resolved.actuator.load(), "selects_tokens", False)]

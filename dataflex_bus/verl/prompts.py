@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import BatchFieldError, ConfigError, ConfigIssue
-from ..history import PromptTable
-from ..sampler import domain_labels
+from ..kit import BatchFieldError, ConfigError, ConfigIssue, PromptTable, domain_labels
 from .tqbatch import labels_of
 
 #: The dataset attribute dataflex reads the training prompts' table from: verl's ``RLHFDataset.dataframe``, a

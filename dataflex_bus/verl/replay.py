@@ -3,10 +3,10 @@
 verl keeps every field of a trajectory in TransferQueue: per-token fields as jagged nested tensors, per-row
 ones as tensors, the dataset's columns and the agent loop's extras as non-tensor values. A replayed row must
 come back with *every* field its step's fresh rows have (a field present on only some keys of a batch is
-dropped from the worker's get), so the adapter stores the trajectory as it was generated: tensors as dense
-columns with each row's length (the kit's payload), the non-tensor values and the key's tags as the row's
-objects. Text-only trajectories: a per-token field with more than one value per token (multimodal position
-ids) is refused, naming it.
+dropped from the worker's get), so the adapter stores the trajectory as it was generated: tensors as they are
+(the kit's payload; jagged fields packed by the store, sized by their tokens), the non-tensor values and the
+key's tags as the row's objects. Text-only trajectories: a per-token field with more than one value per token
+(multimodal position ids) is refused, naming it.
 
 :class:`ReplayWrites`, a mixin of :class:`~dataflex_bus.verl.trainer.DataflexTrainer` (before verl's ``PPOTrainer``
 in its bases), does the writes: the rows the kit replays (``Step.replay``) into TransferQueue under new keys before
@@ -27,10 +27,7 @@ from tensordict.tensorclass import NonTensorStack
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..batch import Batch
-from ..errors import BatchFieldError
-from ..replay import Record
-from ..steps import Step
+from ..kit import Batch, BatchFieldError, Record, Step
 from .tqbatch import labels_of
 
 #: The key of a stored row's objects that holds its TransferQueue tags.
@@ -48,8 +45,9 @@ def generated_fields(meta: KVBatchMeta) -> list[str]:
 
 def payload_of(data: TensorDict, tags: Sequence[dict[str, Any]]) -> tuple[dict[str, Tensor], dict[str, Tensor],
                                                                            list[dict[str, Any]]]:
-    """A ``kv_batch_get`` result as the kit's payload: tensors dense (nested ones padded, with each row's
-    length), every other value and each key's ``tags`` in the row's objects."""
+    """A ``kv_batch_get`` result as the kit's payload: tensors as they are (nested ones jagged: the store
+    keeps each row's length from their offsets), every other value and each key's ``tags`` in the row's
+    objects. (``lengths`` is empty: a jagged field carries them.)"""
     n = len(tags)
     payload: dict[str, Tensor] = {}
     lengths: dict[str, Tensor] = {}
@@ -57,15 +55,11 @@ def payload_of(data: TensorDict, tags: Sequence[dict[str, Any]]) -> tuple[dict[s
     for name in data.keys():
         value = data.get(name)
         if isinstance(value, Tensor):
-            if value.is_nested:
-                dense = value.to_padded_tensor(0)
-                if dense.dim() != 2:
-                    raise BatchFieldError("dataflex replay (verl)", name, f"holds {tuple(dense.shape[2:])} values per "
-                                          "token; replay stores text-only trajectories")
-                payload[name] = dense
-                lengths[name] = value.offsets().diff()  # type: ignore[attr-defined]
-            else:
-                payload[name] = value
+            if value.is_nested and value.dim() != 2:
+                raise BatchFieldError("dataflex replay (verl)", name, f"holds {tuple(value.values().shape[1:])} "
+                                      "values per token; replay stores text-only trajectories")
+            # Jagged as TransferQueue holds it: the store packs it by its offsets, never padded to the widest.
+            payload[name] = value
         elif name != "uid":  # a replayed row gets a new uid (its group per the advantage mode)
             for obj, item in zip(objects, labels_of(value)):
                 obj[name] = item

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import transfer_queue as tq
@@ -27,15 +27,25 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
 
-from ..batch import Batch
-from ..errors import ConfigError, ConfigIssue
-from ..runtime import Runtime
-from ..steps import Step
+from ..kit import Batch, ConfigError, ConfigIssue, Runtime, Step
 from .buffer import DataflexReplayBuffer
 from .tqbatch import labels_of, prompt_tokens, uid_of
 
 #: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
 ROLLOUT_N = "__rollout_n__"
+#: The first wait between two reads of TransferQueue while a round's groups finish (seconds); each later wait
+#: doubles, up to verl's ``poll_interval`` (2 s): a round's end is seen within about its own length (a 0.3 s
+#: round at about 0.3 s, not 2 s), and a long round is read no more often than verl reads it.
+FIRST_WAIT = 0.01
+
+
+def terminal_waits(longest: float) -> Iterator[float]:
+    """The waits between reads while groups are generated: :data:`FIRST_WAIT`, doubling, at most ``longest``
+    (a round whose last group finishes at t is seen by about 2t, not at the next multiple of ``longest``)."""
+    wait = min(FIRST_WAIT, longest)
+    while True:
+        yield wait
+        wait = min(2 * wait, longest)
 
 
 class GenerationRounds:
@@ -202,12 +212,14 @@ class GenerationRounds:
         return keys
 
     def _wait_terminal(self, buffer: ReplayBuffer, partition_id: str, uids: set[str]) -> None:
-        """Poll TransferQueue until every prompt of ``uids`` finished or failed."""
+        """Read TransferQueue until every prompt of ``uids`` finished or failed: soon after the last one does
+        (:func:`terminal_waits`), not up to a whole ``poll_interval`` later."""
+        waits = terminal_waits(buffer.poll_interval)
         while True:
             buffer._sync_metadata_from_transfer_queue()
             if uids <= (buffer.finished_keys[partition_id] | buffer.failure_keys[partition_id]):
                 return
-            time.sleep(buffer.poll_interval)
+            time.sleep(next(waits))
 
     def _on_finished(self, keys: list[str], tags: list[dict[str, Any]], partition: str) -> None:
         """Newly finished groups, seen by the replay buffer before verl's own filter_groups evicts any: counted
@@ -221,4 +233,4 @@ class GenerationRounds:
         step.record(batch)
 
 
-__all__ = ["ROLLOUT_N", "GenerationRounds"]
+__all__ = ["ROLLOUT_N", "GenerationRounds", "terminal_waits"]

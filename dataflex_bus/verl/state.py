@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from .. import __version__
-from ..errors import ConfigError, ConfigIssue
-from ..state_file import check_format, read_state, restore, save_state, warn_no_state
+from ..kit import ConfigError, ConfigIssue, Retention, check_format, read_state, restore, save_state, warn_no_state
 
 if TYPE_CHECKING:
     from .trainer import DataflexTrainer
@@ -50,10 +49,26 @@ def load(trainer: DataflexTrainer, state: Mapping[str, Any], source: str = STATE
                             "sampler": sampler}, FRESH)
 
 
+def retention(config: Any) -> int | None:
+    """How many of its checkpoints verl keeps (``trainer.max_actor_ckpt_to_keep``; 1 under the deprecated
+    ``remove_previous_ckpt_in_save``; ``None``: all), read as verl's ``_save_checkpoint`` reads it."""
+    trainer = config.trainer
+    if bool(trainer.get("remove_previous_ckpt_in_save", False)):
+        return 1
+    keep = trainer.get("max_actor_ckpt_to_keep", None)
+    return keep if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0 else None
+
+
 def save(trainer: DataflexTrainer) -> None:
+    """``global_step_N/dataflex_state.pt``, the files of older steps this process saved pruned as verl prunes
+    its actor checkpoints (:func:`retention`)."""
     folder = os.path.join(trainer.config.trainer.default_local_dir, f"global_step_{trainer.global_steps}")
     os.makedirs(folder, exist_ok=True)
-    save_state(os.path.join(folder, STATE_FILE), state_dict(trainer))
+    path = os.path.join(folder, STATE_FILE)
+    save_state(path, state_dict(trainer))
+    kept = trainer.__dict__.setdefault("dataflex_retention", Retention(retention(trainer.config)))
+    for old in kept.wrote(path):
+        log.info("dataflex: removed %s (trainer.max_actor_ckpt_to_keep=%s)", old, kept.keep)
 
 
 def resume_folder(config: Any) -> str | None:

@@ -3,7 +3,8 @@
 verl 0.9.1 keeps every trajectory in TransferQueue. Per-token fields come back from
 ``tq.kv_batch_get`` as jagged nested tensors (even when all lengths agree) and non-tensor fields
 (``uid``, ``data_source``) as lists. The plugin core works on padded ``[B, T]`` tensors, so this module
-pads on the way in and re-nests on the way out, on whole tensors (no per-row loops).
+pads on the way in (token masks as bool, an eighth of verl's int64) and re-nests on the way out (masks back in
+TransferQueue's dtype), on whole tensors (no per-row loops).
 """
 
 from __future__ import annotations
@@ -17,13 +18,33 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..batch import Batch
-from ..errors import BatchFieldError
+from ..kit import Batch, BatchFieldError
 
 
 def padded(t: Tensor, pad: float = 0) -> Tensor:
     """A right-padded dense tensor from a jagged nested one (dense tensors pass through)."""
     return t.to_padded_tensor(pad) if t.is_nested else t
+
+
+def is_mask(name: str, t: Tensor) -> bool:
+    """Whether field ``name`` is a 0/1 token mask (verl's ``response_mask``, ``loss_mask``, ...: int64 in
+    TransferQueue), which the bus holds as bool: an eighth of the bytes."""
+    return name.endswith("_mask") and not t.is_floating_point() and t.dtype != torch.bool
+
+
+def padded_field(name: str, t: Tensor) -> Tensor:
+    """Field ``name`` right-padded for the bus: a mask as bool (padded from its bool values, never as int64
+    first), any other field as it is."""
+    if not is_mask(name, t):
+        return padded(t)
+    if not t.is_nested:
+        return t.ne(0)
+    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
+    lengths = offsets.diff()
+    flags = torch.nested.nested_tensor_from_jagged(
+        t.values().ne(0), offsets=offsets, max_seqlen=int(lengths.max()) if lengths.numel() else 0,
+        min_seqlen=int(lengths.min()) if lengths.numel() else 0)
+    return flags.to_padded_tensor(0)
 
 
 def to_nested(dense: Tensor, like: Tensor) -> Tensor:
@@ -40,6 +61,8 @@ def to_nested(dense: Tensor, like: Tensor) -> Tensor:
     if lengths.numel() and int(lengths.max()) > width:
         raise BatchFieldError("dataflex verl adapter", "<re-nest>",
                               f"padded width {width} is shorter than the longest row {int(lengths.max())}")
+    if dense.dtype == torch.bool and like.dtype != torch.bool:
+        dense = dense.to(like.dtype)  # a mask the bus held as bool goes back in TransferQueue's dtype
     values = torch.ops.aten._padded_dense_to_jagged_forward(dense.contiguous(), [offsets.to(dense.device)],
                                                             int(offsets[-1]) if offsets.numel() else 0)
     # Pass the row-length bounds: without them torch pads such a tensor to its *total* length.
@@ -90,7 +113,7 @@ def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key:
     for name in data.keys():
         value = data.get(name)
         if isinstance(value, Tensor):
-            fields[name] = padded(value)
+            fields[name] = padded_field(name, value)
         elif name in ("uid", domain_key):
             labels[name] = labels_of(value)
     if not fields:

@@ -72,11 +72,17 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
-from ..batch import Batch
-from ..errors import BatchFieldError
-from ..runtime import Runtime
-from ..sampler import DomainSampler, domain_labels, prepare_prompts
-from ..steps import Candidates, Step, StepKit
+from ..kit import (
+    Batch,
+    BatchFieldError,
+    Candidates,
+    DomainSampler,
+    Runtime,
+    Step,
+    StepKit,
+    domain_labels,
+    prepare_prompts,
+)
 from . import state
 from .advantage import AdvantageCarryOut
 from .guard import DATAFLEX_MODE_FOR

@@ -19,3 +19,5 @@ def dataflex_register(register):
              summary="pre-rollout: the highest success rate of any visit of the prompt so far (0: never rolled out)")
     register("allocator", "reinforce_ada", "dataflex_plugins.methods.reinforce_ada:ReinforceAda",
              summary="Reinforce-Ada: rounds of the group size for each prompt until it has both outcomes")
+    register("allocator", "variance_split", "dataflex_plugins.methods.rules2026:VarianceSplit",
+             summary="VIP / CurES: rollouts minimising sum p(1-p)/n under the budget, p predicted")

@@ -12,3 +12,5 @@ def dataflex_register(register):
     register("mixer", "reward_gap", f"{_M}:RewardGap",
              summary="favour domains whose mean reward lags the best, with a floor")
     register("mixer", "static", f"{_M}:Static", summary="fixed domain proportions (the baseline)")
+    register("mixer", "sec", "dataflex_plugins.methods.rules2026:Sec",
+             summary="SEC: TD(0) bandit over domains rewarded by mean |advantage|, Boltzmann sampling")

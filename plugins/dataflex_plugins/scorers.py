@@ -21,3 +21,14 @@ def dataflex_register(register):
              summary="pre-rollout: signed length of the prompt's current run of all-right/all-wrong visits")
     register("scorer", "mopps", "dataflex_plugins.methods.mopps:Mopps",
              summary="pre-rollout: MoPPS Thompson draw from the prompt's Beta posterior, closeness to a target rate")
+    register("scorer", "predicted", "dataflex_plugins.methods.predictors:Predicted",
+             summary="pre-rollout: the block's predicted success rate (dataflex.predictor), or a column of it")
+    register("scorer", "reward_variance", "dataflex_plugins.methods.rules2026:RewardVariance",
+             summary="population variance of each group's rewards (RAGEN-2's SNR signal)")
+    # Predictors (a component kind of their own, dataflex_bus.predictor) ship in this pack too.
+    register("predictor", "cures", "dataflex_plugins.methods.predictors:Cures",
+             summary="CurES: Beta(accepted + 1, rejected + 1) posterior mean per prompt")
+    register("predictor", "dps", "dataflex_plugins.methods.predictors:Dps",
+             summary="DPS: per-prompt hidden Markov model over unsolved / partially solved / solved")
+    register("predictor", "vip", "dataflex_plugins.methods.predictors:Vip",
+             summary="VIP: Gaussian process over a prompt's recent group success rates")

@@ -25,3 +25,11 @@ def dataflex_register(register):
              summary="drop prompts scored at or above exclude_threshold (Pilot-Commit's eviction of solved prompts)")
     register("selector", "ada_downsample", "dataflex_plugins.methods.reinforce_ada:AdaDownsample",
              summary="Reinforce-Ada: per group keep n balanced rows, advantages against the whole pool's mean")
+    register("selector", "no_positive_resampling", "dataflex_plugins.methods.rules2026:NoPositiveResampling",
+             summary="ScaleRL: drop a prompt for good once a visit's pass rate reached 0.9 (fed max_solve_rate)")
+    register("selector", "snr_filter", "dataflex_plugins.methods.rules2026:SnrFilter",
+             summary="RAGEN-2: keep the groups holding the top-rho mass of reward variance")
+    register("selector", "learnability", "dataflex_plugins.methods.rules2026:Learnability",
+             summary="LILO: select by p(1-p), before generation (predicted p) or after (observed p)")
+    register("selector", "weighted_draw", "dataflex_plugins.methods.rules2026:WeightedDraw",
+             summary="pre-rollout: draw B candidates without replacement by exp(score) (CurES's sampler)")

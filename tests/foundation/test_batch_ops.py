@@ -222,3 +222,24 @@ def test_segment_slots_number_each_segments_rows_in_order_and_skip_padding():
     index = torch.tensor([2, 0, 2, -1, 0, 1, 2])
     assert segment_slots(index, 3).tolist() == [0, 0, 1, -1, 1, 0, 2]
     assert segment_slots(torch.zeros(0, dtype=torch.long), 0).tolist() == []
+
+
+def test_rewards_and_lengths_are_read_a_slice_of_rows_at_a_time_with_the_same_values(monkeypatch):
+    """A method reading only [B] quantities adds no dense [B, T] copy: rewards and lengths are reduced
+    ROW_CHUNK rows at a time, and equal the one-pass values bit for bit (NaN after a response's end too)."""
+    import dataflex_bus.batch as batch_module
+    from dataflex_bus.batch import Batch
+
+    g = torch.Generator().manual_seed(3)
+    rows, width = 70, 33
+    mask = torch.arange(width)[None, :] < torch.randint(0, width + 1, (rows,), generator=g)[:, None]
+    scores = torch.randn(rows, width, generator=g)
+    scores[5, -1] = float("nan") if not bool(mask[5, -1]) else scores[5, -1]
+    uid = torch.arange(rows) // 7
+    for m in (mask, mask.long()):
+        whole = Batch.from_tensors(uid=uid, response_mask=m, rm_scores=scores)
+        want = (whole.rewards.clone(), whole.lengths.clone())
+        monkeypatch.setattr(batch_module, "ROW_CHUNK", 8)
+        sliced = Batch.from_tensors(uid=uid, response_mask=m, rm_scores=scores)
+        assert torch.equal(sliced.rewards, want[0]) and torch.equal(sliced.lengths, want[1])
+        monkeypatch.undo()

@@ -140,7 +140,7 @@ def test_the_parsers_kind_choices_are_the_registered_component_kinds():
     info = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["info"]._actions
                 if "--kind" in a.option_strings)
     assert info.choices == [*component_kinds(), "actuator"]
-    assert component_kinds() == ("scorer", "selector", "reweighter", "mixer", "replayer", "allocator")
+    assert component_kinds() == ("scorer", "predictor", "selector", "reweighter", "mixer", "replayer", "allocator")
 
 
 def dataflex_executable() -> str:

@@ -180,7 +180,7 @@ def test_the_shim_computes_entropy_only_when_asked(register):
 # ---------------------------------------------------------------------------- mechanisms
 def test_component_kinds_and_block_choices_come_from_the_mechanism_registry():
     assert mechanism_names() == ("select", "reweight", "mix", "replay", "allocate")
-    assert component_kinds() == ("scorer", "selector", "reweighter", "mixer", "replayer", "allocator")
+    assert component_kinds() == ("scorer", "predictor", "selector", "reweighter", "mixer", "replayer", "allocator")
     with pytest.raises(KeyError, match="registered: select, reweight, mix, replay, allocate"):
         mechanism("shuffle")
     with pytest.raises(ValueError, match="already"):

@@ -58,5 +58,44 @@ def test_register_component_reads_the_kind_from_the_class():
 
 
 def test_register_component_refuses_a_class_of_no_kind():
-    with pytest.raises(ValueError, match=r"'Actuator' has kind '', not one of scorer, selector"):
+    with pytest.raises(ValueError, match=r"'Actuator' has kind '', not one of scorer, predictor, selector"):
         register_component("t_nothing")(components.Actuator)
+
+
+#: The data-flow mechanisms: they change which rows a step generates and trains (allocate: how many
+#: rollouts per prompt; replay: stored rows trained again).
+DATA_FLOW = ("alloc", "replay")
+#: The kit modules every host runs whatever the block (#45: they name no data-flow mechanism).
+NEUTRAL = ("carry.py", "step_metrics.py")
+
+
+def named(source: str) -> list[str]:
+    """The functions, classes and imported modules or names of ``source`` that name a data-flow mechanism."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or "", *(a.name for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found.extend(n for n in names if any(word in n.lower() for word in DATA_FLOW))
+    return found
+
+
+@pytest.mark.parametrize("module", NEUTRAL)
+def test_the_general_carry_out_and_metrics_name_no_data_flow_mechanism(module):
+    """Allocation's counts and metrics live in the kit's allocation.py, replay's in replay.py."""
+    from pathlib import Path
+
+    assert named((Path(dataflex_bus.__file__).parent / module).read_text()) == []
+
+
+def test_the_check_finds_a_data_flow_mechanism_named():
+    assert named("from .allocation import AllocationStats\n") == ["allocation", "AllocationStats"]
+    assert named("class ReplayPart:\n    pass\n") == ["ReplayPart"]
+    assert named("from .mechanisms.allocate import Allocator\n") == ["mechanisms.allocate", "Allocator"]

@@ -46,7 +46,7 @@ def damage_prompt(state):
 
 
 def damage_mu(state):
-    state["mu"][2, 1] = float("nan")
+    state["chunks"][0]["mu"]["values"][1] = float("nan")
 
 
 def damage_group(state):

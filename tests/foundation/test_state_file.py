@@ -107,5 +107,48 @@ def test_a_write_error_names_the_file(tmp_path: Path):
 
 def test_the_header_covers_exactly_the_payload(saved: Path):
     head, _, payload = saved.read_bytes().partition(b"\n")
-    assert head.startswith(b"dataflex-checkpoint/1 sha256=") and head.endswith(f"bytes={len(payload)}".encode())
+    assert head.startswith(b"dataflex-checkpoint/1 sha256=") and int(head.rsplit(b"bytes=", 1)[1]) == len(payload)
     assert torch.load(io.BytesIO(payload), weights_only=True)["kit"] == {"steps": 2}
+
+
+def test_a_state_is_streamed_to_its_file_not_serialized_in_memory_first(tmp_path: Path):
+    """Before: the whole state (the replay store's rows) was serialized into a buffer, a second copy, and
+    written in one piece; now torch.save writes through the checksum to the file piece by piece (no write
+    larger than one tensor), the header filled in at the end."""
+    from dataflex_bus.state_file import atomic_write, write_checked
+
+    writes: list[int] = []
+
+    def recording(path: Path, write) -> None:
+        def spy(fh):
+            real = fh.write
+            fh.write = lambda data: (writes.append(len(data)), real(data))[1]
+            write(fh)
+
+        atomic_write(path, spy)
+
+    state = {"format": 1, **{f"rows{i}": torch.arange(100_000) + i for i in range(4)}}
+    write_checked(tmp_path / "s.pt", state, atomic=recording)
+    assert max(writes) <= 100_000 * 8 < sum(writes) / 3
+    back = read_state(tmp_path / "s.pt", FRESH)
+    assert all(torch.equal(back[k], v) for k, v in state.items() if k != "format")
+
+
+def test_state_files_are_pruned_with_the_hosts_retention(tmp_path: Path):
+    """Of the files this process wrote, the newest ``keep`` stay (verl's max_actor_ckpt_to_keep counts its own
+    saves alike); an emptied folder goes too; ``None`` or 0 keeps every file."""
+    from dataflex_bus.state_file import Retention
+
+    kept = Retention(2)
+    for step in range(1, 5):
+        (tmp_path / f"global_step_{step}").mkdir()
+        save_state(tmp_path / f"global_step_{step}" / "dataflex_state.pt", {"format": 1})
+        kept.wrote(tmp_path / f"global_step_{step}" / "dataflex_state.pt")
+    (tmp_path / "global_step_4" / "actor").mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_3", "global_step_4"]
+    for keep in (None, 0):
+        every = Retention(keep)
+        for step in range(5, 8):
+            every.wrote(tmp_path / f"s{step}.pt")
+            save_state(tmp_path / f"s{step}.pt", {"format": 1})
+        assert every.wrote(tmp_path / "s7.pt") == [] and (tmp_path / "s5.pt").exists()

@@ -77,8 +77,8 @@ def test_a_misspelt_choice_gets_a_did_you_mean(toys):
 def test_resolve_names_the_slots_when_given_a_kind(toys):
     from dataflex_bus.discovery import get_plugins
 
-    with pytest.raises(ValueError, match="'reweighter' is not a slot; the slots are 'scorer' and 'actuator': a "
-                                         "reweighter resolves under 'actuator'"):
+    with pytest.raises(ValueError, match="'reweighter' is not a slot; the slots are 'scorer', 'actuator' and "
+                                         "'predictor': a reweighter resolves under 'actuator'"):
         get_plugins().registry().resolve("reweighter", "softmax")
 
 

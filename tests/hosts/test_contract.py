@@ -251,6 +251,44 @@ def _mopps(records: list[StepRecord]) -> None:
     assert all(len(r.trained) == 12 for r in records)
 
 
+def _dps(records: list[StepRecord]) -> None:
+    _mopps(records)  # 6 candidates, the 3 the HMM predicts most likely partially solved generated
+    assert all(r.metrics["dataflex/predictor/brier"] >= 0 for r in records)
+    # step 0 predicts 1/3 * 0.5 + 1/3 = 0.5 for everyone (uniform prior) against rates 1/2, 1/4, 0 of its picks
+    assert "dataflex/predictor/spearman" not in records[0].metrics
+
+
+def _learnability_cures(records: list[StepRecord]) -> None:
+    _mopps(records)  # 6 candidates, the 3 of highest predicted p(1-p) generated (the same ones on every host)
+    assert all(r.metrics["dataflex/predictor/brier"] >= 0 for r in records)
+
+
+def _vip(records: list[StepRecord]) -> None:
+    for r in records:  # every prompt generated, the 24 rollouts of plain GRPO split by the predicted p(1-p)
+        assert r.metrics["dataflex/alloc/rollouts"] == 24 and len(r.trained) == 24
+    # step 1: prior mean 1/4 (step 0's rates 1/2, 1/4, 0), the GP pulls each prompt 5/7 of the way to its rate:
+    # p ~ 0.43, 0.25, 0.07 -> sqrt(p(1-p)) 0.495, 0.433, 0.257 -> relaxed 5.0, 4.4, 2.6 -> 5, 4, 3 per prompt
+    assert trained_domains(records[0]) == {"copy": 8, "sort": 8, "reverse": 8}
+    assert trained_domains(records[1]) == {"copy": 10, "sort": 8, "reverse": 6}
+
+
+def _snr(records: list[StepRecord]) -> None:
+    (r,) = records  # variances 0.25 (copy), 0.1875 (sort), 0 (reverse): 0.9 of the mass needs copy and sort
+    assert trained_domains(r) == {"copy": 8, "sort": 8}
+    assert r.metrics["dataflex/snr_filter/groups_kept"] == 4
+
+
+def _learnability(records: list[StepRecord]) -> None:
+    (r,) = records  # p(1-p) 0.25 (copy), 0.1875 (sort), 0 (reverse): half of the 6 groups, copy's first
+    assert trained_domains(r) == {"copy": 8, "sort": 4}
+
+
+def _no_positive_resampling(records: list[StepRecord]) -> None:
+    # no prompt of the world reaches a pass rate of 0.9: nothing is dropped
+    assert all(r.metrics["dataflex/no_positive_resampling/dropped"] == 0 for r in records)
+    assert all(len(r.trained) == 24 for r in records)
+
+
 ALLOCATE_KNAPSACK = {"mechanism": "allocate", "scorer": {"name": "knapsack_rate", "params": {"min_buffer_length": 4}},
                      "actuator": {"name": "knapsack"}}
 REFILL_WORLD = World((("reverse", 5), ("copy", 4), ("sort", 3)))
@@ -319,6 +357,25 @@ CASES: dict[str, Case] = {
          "actuator": {"name": "ada_downsample", "params": {"final_keep": 4}}}]}, _reinforce_ada),
     "prompts-mopps": Case({"mechanism": "select", "scorer": {"name": "mopps", "params": {"seed": 3}},
                            "actuator": {"name": "top_b", "params": {"pool": 2}}}, _mopps, steps=2, batch=3),
+    # the 2026 methods (#47): a predictor the block names, read by a pre-rollout selector or an allocator
+    "prompts-dps": Case({"predictor": {"name": "dps"}, "mechanism": "select",
+                         "scorer": {"name": "predicted", "params": {"column": "partial"}},
+                         "actuator": {"name": "top_b", "params": {"pool": 2}}}, _dps, steps=2, batch=3),
+    "prompts-learnability-cures": Case({"predictor": {"name": "cures"}, "mechanism": "select",
+                                        "scorer": {"name": "predicted"},
+                                        "actuator": {"name": "learnability", "params": {"pool": 2}}},
+                                       _learnability_cures, steps=2, batch=3),
+    "allocate-vip": Case({"predictor": {"name": "vip"}, "mechanism": "allocate", "scorer": {"name": "predicted"},
+                          "actuator": {"name": "variance_split", "params": {"min_n": 2, "max_n": 8}}}, _vip, steps=2),
+    "select-snr": Case({"mechanism": "select", "scorer": {"name": "reward_variance"},
+                        "actuator": {"name": "snr_filter", "params": {"rho": 0.9}}}, _snr),
+    "select-learnability": Case({"mechanism": "select", "scorer": {"name": "group_solve_rate"},
+                                 "actuator": {"name": "learnability", "params": {"fraction": 0.5}}}, _learnability),
+    "prompts-no-positive-resampling": Case({"mechanism": "select", "scorer": {"name": "max_solve_rate"},
+                                            "actuator": {"name": "no_positive_resampling"}},
+                                           _no_positive_resampling, steps=2),
+    "mix-sec": Case({"mechanism": "mix", "scorer": {"name": "advantage_magnitude", "params": {"agg": "mean"}},
+                     "actuator": {"name": "sec"}}, _mix),
 }
 
 
@@ -492,7 +549,7 @@ class FourthHost:
 
 def test_a_host_lacking_a_capability_skips_the_cases_that_need_it_and_runs_the_rest(monkeypatch):
     host = FourthHost({"domain_sampling"})
-    assert skipped(host.description()) == {"mix": ["domain_sampling"]}
+    assert skipped(host.description()) == {"mix": ["domain_sampling"], "mix-sec": ["domain_sampling"]}
     with pytest.raises(pytest.skip.Exception, match=r"host 'fourth' lacks \['domain_sampling'\]"):
         test_the_same_decisions_are_carried_out_the_same_way(host, "mix", None, None, monkeypatch)
     with pytest.raises(RuntimeError, match="ran"):  # a case it can carry out runs
@@ -501,6 +558,9 @@ def test_a_host_lacking_a_capability_skips_the_cases_that_need_it_and_runs_the_r
     # prompt selection: the on_prompts selections and allocations (Pilot-Commit's eviction); refill: its policies
     assert skipped(FourthHost({"prompt_selection", "refill"}).description()) == {
         "prompts-greso": ["prompt_selection"], "prompts-mopps": ["prompt_selection"],
+        "prompts-dps": ["prompt_selection"], "allocate-vip": ["prompt_selection"],
+        "prompts-learnability-cures": ["prompt_selection"],
+        "prompts-no-positive-resampling": ["prompt_selection"],
         "allocate-knapsack": ["prompt_selection"], "allocate-knapsack-skip": ["prompt_selection"],
         "allocate-pilot-commit": ["prompt_selection"],
         "refill-fixed": ["refill"], "refill-credit2": ["refill"], "refill-greso": ["refill"]}

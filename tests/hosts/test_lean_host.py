@@ -5,6 +5,7 @@ config sniffing with no edit anywhere else."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from lean_host import ENTRY, NAME
@@ -25,12 +26,43 @@ from dataflex_bus import hosts
 pytestmark = pytest.mark.hosts
 
 
+def installed(site: Path, dist: str, entry_points: str) -> None:
+    """A distribution as pip installs one in ``site`` (put on ``sys.path``): its metadata and entry points."""
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
 @pytest.fixture
-def registered() -> Iterator[hosts.HostEntry]:
-    """The lean host in the registry for one test (its one registration)."""
-    hosts.register(ENTRY)
+def registered(tmp_path_factory, monkeypatch) -> Iterator[hosts.HostEntry]:
+    """The lean host registered as an installed package registers one (its one registration): an entry point
+    of the ``dataflex.hosts`` group, read by the registry."""
+    site = tmp_path_factory.mktemp("site")
+    installed(site, "lean_host", f"[{hosts.GROUP}]\n{NAME} = lean_host:ENTRY\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert hosts.discover() == [ENTRY]
     try:
         yield ENTRY
+    finally:
+        hosts.unregister(NAME)
+
+
+def test_a_host_entry_point_that_fails_is_left_out_naming_it(tmp_path, monkeypatch, caplog):
+    """A broken host package leaves the command line working: it is left out with a warning naming it."""
+    installed(tmp_path, "broken_hosts", f"[{hosts.GROUP}]\nbroken = no_such_module_k45:ENTRY\n"
+                                        "notentry = lean_host:NAME\nagain = lean_host:ENTRY\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hosts.register(ENTRY)  # (so the entry point "again" takes a name already registered)
+    names = [e.name for e in hosts.registered()]
+    try:
+        with caplog.at_level("WARNING", logger="dataflex_bus"):
+            assert hosts.discover() == []
+        text = caplog.text
+        assert "'broken' (no_such_module_k45:ENTRY)" in text and "'broken_hosts'" in text and "failed to load" in text
+        assert "'notentry' (lean_host:NAME)" in text and "names a str, not a dataflex_bus.hosts.HostEntry" in text
+        assert "'again' (lean_host:ENTRY)" in text and f"host {NAME!r} is registered already" in text
+        assert [e.name for e in hosts.registered()] == names
     finally:
         hosts.unregister(NAME)
 

@@ -45,7 +45,7 @@ def test_a_size_beyond_this_machines_memory_is_refused_naming_the_key_and_the_by
 def test_the_shim_refuses_an_absurd_capacity_before_allocating_or_writing_a_run(tmp_path):
     cfg = {"trainer": {"steps": 1, "group_size": 4, "prompts_per_step": 4}, "model": {"pretrain_steps": 0},
            "dataflex": replay(capacity=10**10)}
-    with pytest.raises(ConfigError, match=r"capacity=10,000,000,000 stored rows need at least"):
+    with pytest.raises(ConfigError, match=r"capacity=10,000,000,000 stored rows at .* a row .* need at least"):
         run_training(cfg, out=tmp_path / "run")
     assert not (tmp_path / "run" / "run.json").exists()
 
@@ -162,3 +162,30 @@ def test_a_budget_beyond_memory_at_the_hosts_rows_is_refused_though_the_floor_wo
     assert "dataflex.actuator.params.budget:" in message and f"budget={budget:,}" in message
     assert f"a row on host {host!r}" in message and basis in message
     validate(knapsack(budget=budget, max_n=budget), host=ANY_HOST.replace(memory_limit=4 * GIB))  # the floor
+
+
+def test_a_replay_capacity_is_sized_at_the_hosts_longest_rows():
+    """verl at 2,048 + 8,192 tokens: a stored row takes about 215 KiB (packed, at the longest lengths), so a
+    million rows (about 205 GiB) are refused on a 64 GiB machine naming capacity, the bytes per row and in all,
+    and the fix; the default 4,096 rows (under 1 GiB) pass. The 1 KiB floor passed both."""
+    from dataflex_bus.memory import STORED_ROW_BYTES, format_bytes
+    from dataflex_bus.replay_store import preallocated_bytes
+
+    host = _verl_host(2048, 8192).replace(memory_limit=64 * GIB, check=None)  # (its rules on correction aside)
+    per_row = host.stored_row_bytes + preallocated_bytes(1)
+    assert 200 * 1024 < per_row < 230 * 1024 and host.stored_row_bytes > 100 * STORED_ROW_BYTES
+    message = refusal(replay(capacity=1_000_000), host)
+    assert "dataflex.actuator.params.capacity:" in message and "capacity=1,000,000 stored rows" in message
+    assert f"at {format_bytes(per_row)} a row" in message and "data.max_response_length 8192" in message
+    assert f"need at least {format_bytes(1_000_000 * per_row)}" in message and "GiB" in message
+    assert f"lower capacity (at most about {64 * GIB // per_row:,} rows fit)" in message
+    validate(replay(capacity=4096), host=host)
+    validate(replay(capacity=1_000_000), host=ANY_HOST.replace(memory_limit=64 * GIB))  # the floor would pass
+
+
+def test_trl_sizes_a_stored_row_from_max_completion_length():
+    from dataflex_bus.trl.host import describe
+
+    short, long = (describe({"max_completion_length": c, "num_generations": 4}) for c in (256, 8192))
+    assert long.stored_row_bytes > 20 * 8192 > short.stored_row_bytes
+    assert "max_completion_length" in long.stored_row_basis

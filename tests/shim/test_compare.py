@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from dataflex_bus.cli import build_parser, main
-from dataflex_bus.shim import compare
-from dataflex_bus.shim.compare import (
+from dataflex_bus.shim import analysis
+from dataflex_bus.shim.analysis import (
     COUNTERS,
     METRIC,
     STEP_TIME,
@@ -322,7 +322,7 @@ def test_directory_inputs_and_seeds(tmp_path, capsys):
 
 def test_cli_defaults_match_the_module():
     args = build_parser().parse_args(["compare", "a.yaml"])
-    assert args.metric == compare.METRIC and args.budget_reading == "linear" and args.baseline is None
+    assert args.metric == analysis.METRIC and args.budget_reading == "linear" and args.baseline is None
 
 
 # ---------------------------------------------------------------------------- through the real trainer

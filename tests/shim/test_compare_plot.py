@@ -62,3 +62,24 @@ def test_count_labels_are_short(value, label):
     from dataflex_bus.shim.report import count_label
 
     assert count_label(value) == label
+
+
+def test_a_predictors_calibration_gets_its_panel():
+    import matplotlib.pyplot as plt
+
+    predicted = [_run(s, 512) for s in range(2)]
+    for run in predicted:
+        for m in run:
+            m["dataflex/predictor/brier"], m["dataflex/predictor/spearman"] = 0.1, 0.4
+    groups = {"grpo_baseline": [_run(s, 512) for s in range(2)], "dps": predicted}
+    fig = compare_figure(groups, metric="eval/heldout/learnable", domains=DOMAINS, baseline="grpo_baseline")
+    try:
+        panel = [ax for ax in fig.axes if ax.get_visible() and ax.get_title().startswith("predictor calibration")]
+        assert len(panel) == 1 and len(panel[0].lines) == 2  # the predicting method's two curves only
+    finally:
+        plt.close(fig)
+    fig = compare_figure({"grpo_baseline": groups["grpo_baseline"]}, metric="eval/heldout/learnable", domains=DOMAINS)
+    try:
+        assert not any(ax.get_title().startswith("predictor calibration") for ax in fig.axes)
+    finally:
+        plt.close(fig)

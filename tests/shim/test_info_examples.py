@@ -28,7 +28,7 @@ def test_the_info_example_validates_without_warnings_and_trains_a_step(spec):
     entry = component_info(spec, REGISTRY)
     assert entry["example_validated"], entry["example"]
     block = yaml.safe_load(entry["example"])["dataflex"]
-    assert spec.name in (block["scorer"]["name"], block["actuator"]["name"])
+    assert spec.name in (block["scorer"]["name"], block["actuator"]["name"], block.get("predictor", {}).get("name"))
     cfg = validate(block)
     assert not cfg.warnings, [str(w) for w in cfg.warnings]
     result = run_training(tiny(block), steps=1)

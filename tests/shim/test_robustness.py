@@ -15,7 +15,7 @@ from dataflex_bus.cache import cache_root
 from dataflex_bus.cli import main
 from dataflex_bus.errors import ConfigError
 from dataflex_bus.shim import run_training
-from dataflex_bus.shim.compare import Reading, RunCurve, analyse, first_crossing, target_level, to_target
+from dataflex_bus.shim.analysis import Reading, RunCurve, analyse, first_crossing, target_level, to_target
 from dataflex_bus.shim.config import prepare
 from dataflex_bus.shim.regime import load_regime
 from dataflex_bus.shim.report import compare_table

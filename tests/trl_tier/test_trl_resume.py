@@ -198,3 +198,12 @@ def test_a_replay_buffer_with_malformed_per_row_objects_is_refused_at_resume_nam
                 resume=str(checkpoint), trainer_kwargs={"dataflex": REPLAY})
     text = str(err.value)
     assert str(path) in text and "replay buffer in the checkpoint is damaged" in text and message in text
+
+
+def test_state_files_go_with_the_checkpoints_save_total_limit_removes(tmp_path):
+    """Each checkpoint-N holds a dataflex_state.pt (the replay buffer with it); TRL's save_total_limit removes
+    whole checkpoint folders, so the state files do not pile up beside the checkpoints it keeps."""
+    T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=3, save_strategy="steps", save_steps=1,
+            save_total_limit=1, out=str(tmp_path / "run"), trainer_kwargs={"dataflex": REPLAY})
+    states = sorted(p.parent.name for p in (tmp_path / "run").glob("*/dataflex_state.pt"))
+    assert states == ["checkpoint-3"]

@@ -73,8 +73,9 @@ def test_replay_needs_the_rollout_log_probs_the_sync_trainer_and_no_verl_dapo():
 
 
 # ---------------------------------------------------------------------------- under verl's fit
-def _dots_run(H, data, ckpt: Path, steps: int):
-    return H.Run(H.base_overrides(data, ckpt, batch=4, mini=4, steps=steps) + DOTS + [f"{RC}.rollout_is=token"]).setup()
+def _dots_run(H, data, ckpt: Path, steps: int, extra: tuple[str, ...] = ()):
+    return H.Run(H.base_overrides(data, ckpt, batch=4, mini=4, steps=steps) + DOTS + [f"{RC}.rollout_is=token",
+                                                                                      *extra]).setup()
 
 
 @pytest.mark.tq
@@ -82,7 +83,10 @@ def _dots_run(H, data, ckpt: Path, steps: int):
 def test_fit_replays_into_transfer_queue_and_resumes_exactly(H, tmp_path, clean_partition):
     tq = clean_partition
     data = H.write_dataset(tmp_path / "train.parquet", {"math": 4, "logic": 4, "code": 4})
-    full = _dots_run(H, data, tmp_path / "full", 3).fit()
+    # verl keeps its 2 newest checkpoints; the state files (each holding the replay buffer) go with the rest
+    full = _dots_run(H, data, tmp_path / "full", 3, ("trainer.max_actor_ckpt_to_keep=2",)).fit()
+    kept = sorted(p.parent.name for p in (tmp_path / "full").glob("global_step_*/dataflex_state.pt"))
+    assert kept == ["global_step_2", "global_step_3"]
     logged = full.logged
     assert [m["dataflex/replay/fresh_prompts"] for m in logged] == [4, 2, 2]
     assert [m["dataflex/replay/rows"] for m in logged] == [0, 8, 8]
@@ -100,6 +104,9 @@ def test_fit_replays_into_transfer_queue_and_resumes_exactly(H, tmp_path, clean_
     a, b = (run.trainer.dataflex_state_dict()["runtime"]["replay"]["store"] for run in (full, resumed))
     for name, column in a["columns"].items():
         assert torch.equal(column, b["columns"][name]), name
-    assert torch.equal(a["mu"], b["mu"]) and a["objects"] == b["objects"]
+    x, y = (run.trainer.dataflex.replay.store.held() for run in (full, resumed))
+    assert torch.equal(x.mu, y.mu) and x.objects == y.objects and a["objects"] == b["objects"]
+    assert x.payload.keys() == y.payload.keys() and all(torch.equal(v, y.payload[k]) for k, v in x.payload.items())
+    assert x.lengths.keys() == y.lengths.keys() and all(torch.equal(v, y.lengths[k]) for k, v in x.lengths.items())
     for key in ("dataflex/replay/rows", "dataflex/replay/age_mean", "compute/replayed_rows", "dataflex/trained/rows"):
         assert resumed.logged[-1][key] == pytest.approx(full.logged[-1][key]), key

@@ -127,7 +127,7 @@ class TopB(Selector):
 
     requires: ClassVar = ("budget_prompts",)
     accepts: ClassVar = ("prompt",)
-    intended_scorers: ClassVar = ("mopps",)
+    intended_scorers: ClassVar = ("mopps", "predicted")
     params: ClassVar = {
         "pool": Param(float, 8.0, low=1.0, doc="candidates drawn per prompt generated (MoPPS's ts_ratio: 8 for "
                       "Countdown, 16 for MATH)"),

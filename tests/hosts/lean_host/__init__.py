@@ -1,15 +1,16 @@
 """A test-only host, "lean": proof that a host is one folder plus one registration.
 
 This folder is the whole host: its describe and contract driver (``driver.py``: the shim's step under another
-name, lacking two capabilities) and its doctor (``doctor.py``); :data:`ENTRY` is its registration, added to the
-registry by ``tests/hosts/test_lean_host.py`` exactly as a built-in host's is listed there. Nothing else in the
-project names it: the CLI's ``doctor --host``, config sniffing and the contract suite find it through the
-registry.
+name, lacking two capabilities) and its doctor (``doctor.py``); :data:`ENTRY` is its registration, read by the
+registry through the ``dataflex.hosts`` entry-point group exactly as an installed package's host is
+(``tests/hosts/test_lean_host.py`` installs the entry point ``lean = lean_host:ENTRY``). It imports the core only
+through ``dataflex_bus.kit``. Nothing else in the project names it: the CLI's ``doctor --host``, config sniffing
+and the contract suite find it through the registry.
 """
 
 from __future__ import annotations
 
-from dataflex_bus.hosts import Contract, HostEntry
+from dataflex_bus.kit import Contract, HostEntry
 
 NAME = "lean"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataflex_bus.doctor import OK, new_checks, report
+from dataflex_bus.kit import OK, new_checks, report
 
 
 def cmd_doctor(args: Any) -> int:

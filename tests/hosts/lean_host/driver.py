@@ -24,7 +24,7 @@ def description(settings: Any = None) -> Any:
 
 def run(block: dict[str, Any] | None, *args: Any, **kwargs: Any) -> Any:
     """A case on the shim's step, once the lean description accepts its block (the suite skips what it lacks)."""
-    from dataflex_bus.validation import validate
+    from dataflex_bus.kit import validate
 
     if block:
         validate(block, host=description())
