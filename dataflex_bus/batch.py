@@ -344,7 +344,7 @@ class Batch:
         if scores.dim() == 1:
             r = scores.to(torch.float32)
         elif self.reward_span == "row":
-            r = scores.to(torch.float32).sum(-1)
+            r = scores.sum(-1, dtype=torch.float32)  # no converted [B, T] copy
         else:
             # Multiply by the mask as it is (int/bool promote to float32), a slice of rows at a time.
             mask = self["response_mask"]
