@@ -36,6 +36,7 @@ def test_masks_enter_the_bus_as_bool_and_leave_in_transfer_queues_dtype():
     dense = td.get("response_mask").to_padded_tensor(0)
     assert batch["response_mask"].dtype == torch.bool and batch["loss_mask"].dtype == torch.bool
     assert torch.equal(batch["response_mask"], dense.bool()) and batch["rm_scores"].dtype == torch.float32
-    assert batch.lengths.tolist() == [2, 1, 5, 2] and batch.rewards.tolist() == [0.0, 0.0, 1.0, 1.0]
+    # rewards are verl's (the row's rm_scores summed, mask or no mask: #43): row 0's score sits on a mask-0 token
+    assert batch.lengths.tolist() == [2, 1, 5, 2] and batch.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     back = to_nested(batch["response_mask"], td.get("response_mask"))
     assert back.dtype == torch.long and torch.equal(back.values(), mask_values)
