@@ -311,3 +311,10 @@ def _parse_ref(raw: Any, key: str, issues: list[ConfigIssue]) -> ComponentRef | 
     if len(issues) > before:
         return None
     return ComponentRef(values["name"], dict(values["params"] or {}))
+
+
+def method_keys(config: DataflexConfig, key: str = "dataflex") -> list[str]:
+    """The config key of each method: the block itself, or ``dataflex.methods[i]`` in a stack."""
+    if config.stacked:
+        return [f"{key}.methods[{i}]" for i in range(len(config.methods))]
+    return [key]

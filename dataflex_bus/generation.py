@@ -241,7 +241,7 @@ class Generation:
     def _round_done(self, batch: Batch, decision: Decision) -> None:
         if self.fill is not None:
             self.fill.add(kept_groups(batch, decision))
-        if self.step.runtime.allocates:
+        if self.step.runtime.plan.allocates:
             self.step.allocation.groups(batch.group_sizes)
         self.rounds.append((batch, decision))
 

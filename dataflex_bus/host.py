@@ -55,6 +55,10 @@ CAPABILITIES: dict[str, str] = {
     "replay": "add stored rows of past steps to a step's batch before its old log-probs (and generate fewer prompts)",
     "ragged_groups": "generate a different number of rollouts for each prompt (allocation counts), and more "
                      "rollouts for a prompt already rolled out in the same step (continuation rounds)",
+    "prompt_ids": "draw a step's prompts from the training dataset by row, giving each prompt a stable id (an "
+                  "indexable dataset)",
+    "regenerates_kept_rows": "stop a step's generation at its rewards and run its framework's generation again on "
+                             "the rows kept (with stored rows, for a replay)",
 }
 
 #: verl advantage estimators that use one rollout per prompt (no groups).

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .block import DataflexConfig
+    from .mechanisms.base import Needed
 
 #: What each part of a plan means, said in a refusal that names the key asking for it.
 WHY = {
@@ -56,10 +57,10 @@ class Plan:
         """The plan of a validated block (``None``: plain GRPO, nothing asked); ``key``: the block's config key."""
         if config is None:
             return cls()
+        from .block import method_keys
         from .mechanisms import mechanism
         from .mechanisms.allocate import Allocator
         from .mechanisms.replay import Replayer
-        from .validation import method_keys
 
         parts: dict[str, list[str]] = {name: [] for name in WHY}
         allocates_before = False
@@ -112,6 +113,22 @@ class Plan:
     def regenerates(self) -> bool:
         return bool(self.runs_again())
 
+    @property
+    def generates_in_rounds(self) -> bool:
+        """A step's generation may take several rounds (refill tops up what a selection dropped; an allocation
+        draws more rollouts of prompts already rolled out)."""
+        return bool(self.refill or self.allocates)
+
+    def needed(self) -> list[Needed]:
+        """The host capabilities the plan needs (:data:`NEEDS`), one per config key asking, each with what
+        for: validation refuses them on a host lacking one through the same loop as a mechanism's needs
+        (:func:`~dataflex_bus.validation.refuse_lacking`)."""
+        from .mechanisms.base import Need, Needed
+
+        return [Needed(key, capability, Need(why, at=""))
+                for capability, reasons in ((c, getattr(self, method)()) for c, method in NEEDS.items())
+                for key, why in reasons.items()]
+
     def reasons(self, *parts: str) -> dict[str, str]:
         """Config key -> why (``WHY``, joined when one key asks for several of ``parts``)."""
         out: dict[str, list[str]] = {}
@@ -121,4 +138,8 @@ class Plan:
         return {key: "; ".join(whys) for key, whys in out.items()}
 
 
-__all__ = ["WHY", "Plan"]
+#: Host capabilities (keys of :data:`~dataflex_bus.host.CAPABILITIES`) a plan needs -> the plan's method
+#: naming the config keys that need it.
+NEEDS = {"prompt_ids": "draws_by_row", "regenerates_kept_rows": "runs_again"}
+
+__all__ = ["NEEDS", "WHY", "Plan"]

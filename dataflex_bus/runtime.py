@@ -97,11 +97,6 @@ class Runtime:
         return frozenset(m.config.mechanism for m in self.pipeline.methods)
 
     @property
-    def mixes(self) -> bool:
-        """True when a method samples the next prompts by domain."""
-        return self.pipeline is not None and self.pipeline.mixer is not None
-
-    @property
     def domain_key(self) -> str:
         return self.pipeline.config.domain_key if self.pipeline is not None else "data_source"
 
@@ -115,21 +110,11 @@ class Runtime:
             return []
         return [f"{m.name}: {m.scorer.name}+{m.actuator.name} @ {m.event}" for m in self.pipeline.methods]
 
-    @property
-    def selects_prompts(self) -> bool:
-        """True when a method selects prompts before generation (acts at ``on_prompts``)."""
-        return self.pipeline is not None and bool(self.pipeline.at("on_prompts"))
-
     def allocator(self, event: str) -> Method | None:
         """The method allocating rollouts (mechanism ``allocate``) at ``event``, if one acts there."""
         if self.pipeline is None:
             return None
         return next((m for m in self.pipeline.at(event) if isinstance(m.actuator, Allocator)), None)
-
-    @property
-    def allocates(self) -> bool:
-        """True when a method allocates rollouts per prompt (the host generates ragged groups)."""
-        return self.pipeline is not None and any(isinstance(m.actuator, Allocator) for m in self.pipeline.methods)
 
     @property
     def candidates_per_prompt(self) -> float:
@@ -140,17 +125,6 @@ class Runtime:
         wanted = [m.actuator.candidates_per_prompt() for m in self.pipeline.at("on_prompts")
                   if isinstance(m.actuator, Selector)]
         return min(max(wanted, default=1.0), self.max_oversample)
-
-    @property
-    def keeps_history(self) -> bool:
-        """True when a component of the block reads the per-prompt history."""
-        return self.pipeline is not None and any(
-            c.uses_history for m in self.pipeline.methods for c in (m.scorer, m.actuator))
-
-    @property
-    def replays(self) -> bool:
-        """True when a method replays past rollouts (mechanism ``replay``: the runtime keeps their buffer)."""
-        return self._replay_method() is not None
 
     @property
     def replay_settings(self) -> ReplaySettings | None:
@@ -164,11 +138,6 @@ class Runtime:
         if self.pipeline is None:
             return None
         return next((m for m in self.pipeline.methods if isinstance(m.actuator, Replayer)), None)
-
-    @property
-    def needs_prompt_ids(self) -> bool:
-        """True when the host must give stable prompt ids (:meth:`set_prompts`, ``prompt_index``)."""
-        return self.plan.needs_prompt_ids
 
     @property
     def max_oversample(self) -> float:
@@ -186,11 +155,6 @@ class Runtime:
         ``error`` if any says so)."""
         policies = {m.config.on_empty for m in self.pipeline.at("on_prompts")} if self.pipeline else set()
         return "error" if "error" in policies else "skip"
-
-    def drops_rows_at(self, event: str) -> bool:
-        """True when a method acting at ``event`` may drop rows: a selection, or ``on_nonfinite=drop``."""
-        return self.pipeline is not None and any(
-            m.mechanism.drops_rows or m.config.on_nonfinite == "drop" for m in self.pipeline.at(event))
 
     def filters_zero_variance(self) -> bool:
         """True when a selector drops zero-variance groups (what verl's ``algorithm.filter_groups`` does)."""
@@ -244,7 +208,7 @@ class Runtime:
         from .history import PromptHistory
 
         self.prompt_table = table
-        if self.keeps_history:
+        if self.plan.reads_history:
             self.history = PromptHistory(table, self._visit_classes())
             self._own_prompt_states(self.history)
         method = self._replay_method()
@@ -384,7 +348,7 @@ class Runtime:
         if self.pipeline is not None and saved is not None:
             self.pipeline.load_state_dict(saved)
         history = state.get("history")
-        if self.keeps_history and self.history is None:
+        if self.plan.reads_history and self.history is None:
             raise ConfigError(ConfigIssue("dataflex", "the host restores a prompt history before giving the "
                                           "runtime its prompt table (Runtime.set_prompts)"))
         if (history is None) != (self.history is None):
@@ -393,7 +357,7 @@ class Runtime:
         if self.history is not None and history is not None:
             self.history.load_state_dict(history)
         replay = state.get("replay")
-        if self.replays and self.replay is None:
+        if self.plan.replays and self.replay is None:
             raise ConfigError(ConfigIssue("dataflex", "the host restores a replay buffer before giving the runtime its "
                                           "prompt table (Runtime.set_prompts)"))
         if (replay is None) != (self.replay is None):

@@ -128,11 +128,11 @@ def prepare_prompts(runtime: Runtime, table: Callable[[], PromptTable], *, label
     the host's own ``domains`` when it samples by itself); when a method needs prompt ids, the prompt table
     (``table()``, built only then)."""
     sampler = None
-    if runtime.mixes:
+    if runtime.plan.samples_domains:
         if domains is None:
             sampler = DomainSampler(labels or [], domains=runtime.configured_domains, seed=seed)
             domains = sampler.domains
         runtime.set_domains(domains)
-    if runtime.needs_prompt_ids:
+    if runtime.plan.needs_prompt_ids:
         runtime.set_prompts(table())
     return sampler

@@ -147,7 +147,7 @@ class Step:
         counts = self.prompt_counts
         if runtime.allocator("on_prompts") is not None:
             return self._allocated(target, draw, chunk)
-        if not runtime.selects_prompts:
+        if not runtime.plan.before_generation:
             got = draw(target)
             counts.considered += target
             counts.generated += target
@@ -411,11 +411,11 @@ class Step:
         out = {"dataflex/trained/rows": 0.0, "dataflex/trained/groups": 0.0, "dataflex/trained/tokens": 0.0,
                **self.metrics}
         out.update(self.rollout.metrics())
-        if runtime.selects_prompts:
+        if runtime.plan.before_generation:
             out.update(self.prompt_counts.metrics())
         if runtime.replay is not None:
             out["dataflex/replay/trained_rows"] = float(self.replayed_rows)
-        if runtime.allocates:
+        if runtime.plan.allocates:
             out.update(self.allocation.metrics())
         out["dataflex/kept_fraction"] = fresh_trained / self.generated_rows if self.generated_rows else 0.0
         out["dataflex/skipped_update"] = float(self.skip_update)

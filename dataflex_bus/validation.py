@@ -12,16 +12,17 @@ with the returned config, so building the pipeline neither resolves nor validate
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from .block import DataflexConfig, MethodConfig, Resolved
+from .block import DataflexConfig, MethodConfig, Resolved, method_keys
 from .components import TIMINGS, Actuator, Scorer, as_score, resolve_params
 from .errors import CollisionError, ConfigError, ConfigIssue, PluginLoadError, UnknownComponentError
 from .host import ANY_HOST, GROUP_ESTIMATORS, NON_GROUP_ESTIMATORS, HostDescription
 from .mechanisms import mechanism, mechanisms
 from .mechanisms.allocate import Allocator
-from .mechanisms.base import Need
+from .mechanisms.base import Need, Needed
 from .mechanisms.select import Selector
+from .plan import Plan
 from .visits import VisitClasses
 
 if TYPE_CHECKING:
@@ -50,15 +51,6 @@ class _Built:
         return self._made.get((id(method), slot))
 
 
-class Needed(NamedTuple):
-    """One capability a block needs of its host: the config ``key`` the refusal names, the ``capability`` and
-    what for (``need``)."""
-
-    key: str
-    capability: str
-    need: Need
-
-
 #: What ``dataflex.refill`` needs of a host.
 REFILL_NEEDS = {"refill": Need("dynamic sampling with refill generates more prompts within a step",
                                instead="remove dataflex.refill")}
@@ -76,9 +68,10 @@ def refill_needs(key: str = "dataflex") -> list[Needed]:
 
 
 def block_needs(config: DataflexConfig, key: str = "dataflex") -> list[Needed]:
-    """Every capability a validated block (:func:`validate`'s result) needs of its host: its methods' and
-    ``dataflex.refill``'s."""
+    """Every capability a validated block (:func:`validate`'s result) needs of its host: its plan's
+    (:meth:`~dataflex_bus.plan.Plan.needed`), its methods' and ``dataflex.refill``'s."""
     needed = refill_needs(key) if config.refill is not None else []
+    needed.extend(Plan.of(config, key).needed())
     for method, mkey in zip(config.methods, method_keys(config, key)):
         if method.resolved is None:
             raise ValueError(f"{mkey} is not resolved: pass the config validate() returned")
@@ -99,13 +92,6 @@ def refuse_lacking(host: HostDescription, needed: Iterable[Needed]) -> list[Conf
 def method_event(mechanism_name: str, scorer_cls: type[Scorer], actuator_cls: type[Actuator]) -> str:
     """The bus event a method acts at, from its mechanism and its components' timings."""
     return mechanism(mechanism_name).event(scorer_cls, actuator_cls)
-
-
-def method_keys(config: DataflexConfig, key: str = "dataflex") -> list[str]:
-    """The config key of each method: the block itself, or ``dataflex.methods[i]`` in a stack."""
-    if config.stacked:
-        return [f"{key}.methods[{i}]" for i in range(len(config.methods))]
-    return [key]
 
 
 def validate(
@@ -137,6 +123,8 @@ def validate(
     issues.extend(_check_block(cfg, classes, key))
     issues.extend(_check_history(cfg, classes, key, built))
     issues.extend(_check_refill(cfg, host, key))
+    if not issues:  # (the plan reads the resolved methods)
+        issues.extend(refuse_lacking(host, Plan.of(cfg, key).needed()))
     if not issues and host.check is not None:
         issues.extend(host.check(cfg, key))
     if issues:

@@ -41,6 +41,15 @@ class Need(NamedTuple):
     instead: str = ""
 
 
+class Needed(NamedTuple):
+    """One capability a block needs of its host: the config ``key`` the refusal names, the ``capability`` and
+    what for (``need``)."""
+
+    key: str
+    capability: str
+    need: Need
+
+
 class ComponentName(Protocol):
     @property
     def name(self) -> str: ...

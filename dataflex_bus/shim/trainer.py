@@ -106,7 +106,7 @@ class ShimTrainer:
         """``n`` prompts drawn by the domain probabilities, with their prompt ids when a method needs them."""
         domains = torch.multinomial(probs, n, replacement=True, generator=self.gens["data"])
         prompts = self.sampler.draw(domains, self.gens["data"])
-        if not self.runtime.needs_prompt_ids:
+        if not self.runtime.plan.needs_prompt_ids:
             return Candidates(prompts)
         return Candidates(prompts, prompts.domains, self.split.train_rows(prompts))
 
@@ -131,7 +131,7 @@ class ShimTrainer:
             self.next_uid += len(prompts.domains)
         rows = prompts.repeat(n)
         extra = {}
-        if self.runtime.needs_prompt_ids:
+        if self.runtime.plan.needs_prompt_ids:
             # One lookup per prompt, repeated like its rows (a group is contiguous).
             extra["prompt_index"] = self.runtime.prompt_index(prompts.domains,
                                                               self.split.train_rows(prompts)).repeat_interleave(n)

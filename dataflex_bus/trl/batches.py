@@ -64,7 +64,7 @@ class BatchMaker:
         rm[torch.arange(R), (lengths - 1).clamp_min(0)] = reward.to(torch.float32)
         fields: dict[str, Tensor] = {"response_mask": response, "rm_scores": rm, "loss_mask": loss}
         fields.update(self.token_fields(prompt_ids, completion_ids, response, self.runtime.fields("on_rollout")))
-        if self.runtime.keeps_history:
+        if self.runtime.plan.reads_history:
             assert rows is not None
             fields["prompt_index"] = self.prompt_index(rows)
         batch = Batch.from_tensors(uid=uid, domains=labels,
@@ -112,7 +112,7 @@ class BatchMaker:
         for name, value in per_token.items():
             if name in wanted and value is not None:
                 fields[name] = fit(processes.gather_rows(value.detach().float(), layout), width)
-        if self.runtime.keeps_history or self.runtime.replays:
+        if self.runtime.plan.reads_history or self.runtime.plan.replays:
             fields["prompt_index"] = self.prompt_index(torch.stack([rounds[a].rows[b] for a, b in kept.refs]))  # type: ignore[index]
         return Batch.from_tensors(uid=kept.groups, domains=kept.labels,
                                   domain_names=self.domains if kept.labels is not None else None, **fields)

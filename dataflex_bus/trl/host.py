@@ -6,11 +6,12 @@ object or a plain mapping of its fields. The rules here are TRL's settings under
 what it says: a loss type whose normaliser a removed row was not proven to leave exact, or a generation batch
 that does not span whole optimizer steps (an empty one could not skip its update, a mixer's probabilities
 would apply in the middle of an optimizer step). Each is refused naming the ``GRPOConfig`` field and what to
-set instead. Given the training dataset and whether environments are used (as the trainer gives them), it
-also refuses what the host cannot carry out on them: a block that draws its own prompts over a dataset that
-cannot be indexed, a selection round larger than the dataset, image columns, and environments under a block
-whose rounds TRL must run again. What a block asks of the host's modes is the run's
-:class:`~dataflex_bus.plan.Plan`, the one the trainer runs by.
+set instead. Given the training dataset and whether environments are used (as the trainer gives them), the
+description lacks what the host cannot carry out on them (``prompt_ids`` over an ``IterableDataset``,
+``regenerates_kept_rows`` under ``environment_factory``): validation refuses the plan entries needing them
+in the one capability loop. What a block asks of the host's modes is the run's
+:class:`~dataflex_bus.plan.Plan`, the one the trainer runs by; its checks here refuse a selection round
+larger than the dataset and image columns.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ _MISSING = {
 }
 #: What the TRL host does not carry out, and why (said in the refusal): nothing, on transformers' generation.
 LACKS: dict[str, str] = {}
+#: Why ``prompt_ids`` is lacking over an ``IterableDataset``.
+ITERABLE_DATASET = "train_dataset is an IterableDataset, whose rows cannot be drawn by index; use a datasets.Dataset"
+#: Why ``regenerates_kept_rows`` is lacking under ``environment_factory``.
+ENVIRONMENTS = ("environment_factory is given, and environments keep per-rollout state that cannot be replayed "
+                "(TRL would reset() every environment again); use rollout_func")
 CAPABILITIES_TRL = frozenset(CAPABILITIES) - set(LACKS)
 #: Top-level keys of TRL's config form (``dataflex doctor --host trl --config``, the trainer's ``dataflex=`` file).
 SECTIONS = frozenset({"dataflex", "grpo", "model", "prompt_tokens"})
@@ -131,6 +137,12 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
         advantage.add("ref_log_prob")
     else:
         missing["ref_log_prob"] = "GRPOConfig.beta is 0, so TRL computes no reference log-probs; set beta > 0"
+    if iterable(dataset):
+        capabilities.discard("prompt_ids")
+        missing["prompt_ids"] = ITERABLE_DATASET
+    if environments:
+        capabilities.discard("regenerates_kept_rows")
+        missing["regenerates_kept_rows"] = ENVIRONMENTS
     if processes is None:
         processes = int(field_of(args, "world_size", 1)) if not isinstance(args, Mapping) else 1
     generations = field_of(args, "num_generations")
@@ -140,8 +152,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
     return HostDescription(NAME, fields=fields, capabilities=frozenset(capabilities), adv_estimator="grpo",
                            group_size=int(generations) if generations is not None else None,
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
-                           check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset,
-                                                               environments=environments, processes=processes),
+                           check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset, processes=processes),
                            group_size_name=f"{KEY}.num_generations", row_bytes=row, row_bytes_basis=basis,
                            rollout_is=rollout_is)
 
@@ -179,26 +190,17 @@ def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:
 
 
 def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, dataset: Any = None,
-                 environments: bool = False, processes: int = 1) -> list[ConfigIssue]:
-    """TRL settings, and the training dataset and environments when known, under which the block's methods
-    would not do what they say."""
+                 processes: int = 1) -> list[ConfigIssue]:
+    """TRL settings, and the training dataset when known, under which the block's methods would not do what
+    they say (what the dataset and environments cannot give is the description's lacking capabilities)."""
     issues: list[ConfigIssue] = []
     plan = Plan.of(cfg, key)  # the trainer's own: what is refused here is what it would run
-    if iterable(dataset):
-        issues.extend(ConfigIssue(at, f"{why}: train_dataset is an IterableDataset, whose rows cannot be drawn by "
-                                  "index", ["a datasets.Dataset"]) for at, why in plan.draws_by_row().items())
-    elif dataset is not None and hasattr(dataset, "__len__"):
+    if dataset is not None and not iterable(dataset) and hasattr(dataset, "__len__"):
         issues.extend(_round_issues(args, cfg, plan, len(dataset), key, processes))
     images = sorted(set(getattr(dataset, "column_names", None) or []) & IMAGE_COLUMNS)
     if images:
         issues.append(ConfigIssue("train_dataset", f"multimodal rows (column {images[0]!r}) are not supported by "
                                   "the dataflex TRL host", ["text prompts"]))
-    again = plan.runs_again()
-    if environments and again:
-        asked = "; ".join(f"{at} {why}" for at, why in again.items())
-        issues.append(ConfigIssue("environment_factory", f"the block runs TRL's generation again on a step's kept "
-                                  f"rows ({asked}), and environments keep per-rollout state that cannot be "
-                                  "replayed (TRL would reset() every environment again)", ["rollout_func"]))
     loss_type = str(field_of(args, "loss_type", "dapo"))
     if loss_type not in SUPPORTED_LOSS_TYPES:
         known = "" if loss_type in OTHER_LOSS_TYPES else " (not a TRL 1.16 loss type)"

@@ -38,18 +38,19 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
     TRL trains on with on_advantage carried out (:func:`~dataflex_bus.trl.update.after_generation`)."""
     from .update import after_generation
 
-    step = trainer.dataflex_kit.begin(trainer._dfx_generations)
-    trainer._dfx_generations += 1
-    probs = step.domain_probabilities(trainer._dfx_domains or []) if trainer.dataflex.mixes else None
+    step = trainer.dataflex_kit.begin(trainer.dataflex_batch.generations)
+    trainer.dataflex_batch.generations += 1
+    settings = trainer.dataflex_settings
+    probs = step.domain_probabilities(settings.domains or []) if trainer.dataflex.plan.samples_domains else None
     # A replay method may fill part of the step from its store (DOTS's fresh share): fewer prompts generated.
-    gen = trainer._dfx_gen = step.generation(step.fresh_prompts(trainer._dfx_target))
-    trainer._dfx_fillers = 0
+    gen = trainer.dataflex_batch.gen = step.generation(step.fresh_prompts(trainer.dataflex_settings.target))
+    trainer.dataflex_batch.fillers = 0
     rounds: list[RoundData] = []
     out: dict[str, Any] | None = None
     try:
         while (n := gen.request()) > 0:
             request = round_inputs(trainer, step, n, inputs, probs)
-            if trainer._dfx_collects:
+            if trainer.dataflex_settings.collects:
                 data = collect(trainer, request)
                 while (more := gen.continuation()) is not None:  # an allocator's continuation rounds
                     extra = collect(trainer, continuation(trainer, data, more.rows, more.counts))
@@ -60,18 +61,18 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
                 rounds.append(data)
         outcome = gen.finish()
     finally:
-        trainer._dfx_gen = None
-    if trainer._dfx_ragged:  # the host's own cost, beside the kit's compute/generated_rollouts
-        step.metrics["dataflex/compute/filler_rollouts"] = float(trainer._dfx_fillers)
-    trainer._dfx_processes.agree("on_rollout", *(k for k in outcome.keeps if k is not None),
-                                 torch.tensor([outcome.skip_update]))
+        trainer.dataflex_batch.gen = None
+    if trainer.dataflex_settings.ragged:  # the host's own cost, beside the kit's compute/generated_rollouts
+        step.metrics["dataflex/compute/filler_rollouts"] = float(trainer.dataflex_batch.fillers)
+    settings.processes.agree("on_rollout", *(k for k in outcome.keeps if k is not None),
+                             torch.tensor([outcome.skip_update]))
     if not rounds:  # (only a replayer planning the whole step from its store gets here)
         raise DataflexError(f"dataflex TRL host: step {step.index} generates no prompt: the replayer's replay_groups "
                             "planned every group of the step from its store, and TRL's generation batch needs at "
                             "least one generated round; plan at most target - 1 groups (as rollout_replay does)")
-    if trainer._dfx_collects:
+    if trainer.dataflex_settings.collects:
         kept = Kept.of(rounds, kept_refs(rounds, outcome))
-        if trainer.dataflex.replays and len(kept) and not outcome.skip_update:
+        if trainer.dataflex.plan.replays and len(kept) and not outcome.skip_update:
             rounds, kept = with_replayed(trainer, step, rounds, kept)
         out, layout = trainer._dfx_replay(rounds, kept)
     else:
@@ -80,7 +81,7 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
                                 "batch that was not collected for it (a bug: please report it)")
         assert out is not None
         kept = Kept.of(rounds, [(0, i) for i in range(len(rounds[0]))])
-        layout = Layout(len(kept), trainer._dfx_processes.count, 1)
+        layout = Layout(len(kept), trainer.dataflex_settings.processes.count, 1)
     return after_generation(trainer, step, out, rounds, kept, layout, outcome)
 
 
@@ -88,7 +89,7 @@ def with_replayed(trainer: DataflexGRPOTrainer, step: Step, rounds: list[RoundDa
                   kept: Kept) -> tuple[list[RoundData], Kept]:
     """The stored rows the step replays (``Step.replay``) joined to its kept rows as one more round
     (:mod:`~dataflex_bus.trl.replays`)."""
-    batches = trainer._dfx_batches
+    batches = trainer.dataflex_settings.batches
     replayed = step.replay(replays.fresh_batch(rounds, kept, batches))
     if replayed is None:
         return rounds, kept
@@ -101,13 +102,13 @@ def round_inputs(trainer: DataflexGRPOTrainer, step: Step, n: int, inputs: list[
     """The collect or native pass of a round of ``n`` prompts: TRL's own rows (the dataloader's generation
     batch) or, with a stream, ``n`` prompts (rounded up to whole rows per process) chosen by ``Step.prompts``,
     each with the group size's rollouts or an allocation's count (this process's rows in ``Pass.inputs``)."""
-    stream = trainer._dfx_stream
-    kind = "collect" if trainer._dfx_collects else "native"
+    stream = trainer.dataflex_settings.stream
+    kind = "collect" if trainer.dataflex_settings.collects else "native"
     if stream is None:
         step.prompts(n, lambda k: Candidates(inputs))
         return Pass(kind, inputs=inputs)
-    n = -(-n // trainer._dfx_unit) * trainer._dfx_unit
-    table_ids = trainer._dfx_batches.row_domain
+    n = -(-n // trainer.dataflex_settings.unit) * trainer.dataflex_settings.unit
+    table_ids = trainer.dataflex_settings.batches.row_domain
 
     def draw(k: int) -> Candidates[Tensor]:
         rows, _ = stream.draw(k, probs)
@@ -117,7 +118,8 @@ def round_inputs(trainer: DataflexGRPOTrainer, step: Step, n: int, inputs: list[
 
     chosen = step.prompts(n, draw)
     prompts = torch.cat(chosen.draws)[chosen.index]
-    sizes = chosen.counts if chosen.counts is not None else torch.full((prompts.numel(),), trainer._dfx_G)
+    sizes = chosen.counts if chosen.counts is not None else torch.full((prompts.numel(),),
+                                                                       trainer.dataflex_settings.group_size)
     rows = prompts.repeat_interleave(sizes)
     dataset: Any = trainer.train_dataset
     read: dict[int, dict[str, Any]] = {}  # each prompt's row read once, copied per rollout (TRL adds to them)
@@ -138,7 +140,7 @@ def sharded(trainer: DataflexGRPOTrainer, p: Pass, rows: list[dict[str, Any]]) -
     """``p`` with this process's slice of a round's rows (every process's, in TRL's global order) as its
     inputs: TRL gathers rewards across processes, so every process generates as many rows, the last process
     making up the difference with filler copies of the last row (``Pass.fillers``, left out of everything)."""
-    processes = trainer._dfx_processes
+    processes = trainer.dataflex_settings.processes
     p.fillers = -len(rows) % processes.count
     rows = rows + rows[-1:] * p.fillers
     per = len(rows) // processes.count
@@ -149,11 +151,11 @@ def sharded(trainer: DataflexGRPOTrainer, p: Pass, rows: list[dict[str, Any]]) -
 def native(trainer: DataflexGRPOTrainer, p: Pass) -> tuple[dict[str, Any], RoundData]:
     """TRL's generation batch, untouched; on_rollout is emitted from inside it (``_calculate_rewards``)."""
     p.old_entropy = trainer._dfx_old_entropy()
-    trainer._dfx_pass = p
+    trainer.dataflex_batch.current_pass = p
     try:
         out = trainer._dfx_trl_generation(p.inputs)
     finally:
-        trainer._dfx_pass = None
+        trainer.dataflex_batch.current_pass = None
     assert p.round is not None
     if p.entropies is not None:
         out["_dfx_entropy"] = p.entropies
@@ -162,7 +164,7 @@ def native(trainer: DataflexGRPOTrainer, p: Pass) -> tuple[dict[str, Any], Round
 
 def collect(trainer: DataflexGRPOTrainer, p: Pass) -> RoundData:
     """One generation round: TRL's method up to its rewards (and on_rollout), then stopped."""
-    trainer._dfx_pass = p
+    trainer.dataflex_batch.current_pass = p
     try:
         trainer._dfx_trl_generation(p.inputs)
     except Collected:
@@ -170,9 +172,9 @@ def collect(trainer: DataflexGRPOTrainer, p: Pass) -> RoundData:
     else:
         raise DataflexError("dataflex TRL host: TRL's generation batch never computed its rewards")
     finally:
-        trainer._dfx_pass = None
+        trainer.dataflex_batch.current_pass = None
     assert p.round is not None
-    trainer._dfx_fillers += p.fillers
+    trainer.dataflex_batch.fillers += p.fillers
     return p.round
 
 
@@ -188,9 +190,9 @@ def kept_refs(rounds: Sequence[RoundData], outcome: RolloutOutcome) -> list[tupl
 def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept) -> tuple[dict[str, Any], Layout]:
     """TRL's method on the kept rows alone, laid out over the processes as TRL lays out a batch of that
     many rows, generation and rewards replayed from the rounds."""
-    processes, spg = trainer._dfx_processes, trainer._dfx_spg
+    processes, spg = trainer.dataflex_settings.processes, trainer.dataflex_settings.steps_per_generation
     # Replayed rows make groups of any size (their own, or joined to their prompt's fresh group).
-    ragged = trainer._dfx_ragged or kept.replayed is not None
+    ragged = trainer.dataflex_settings.ragged or kept.replayed is not None
     layout = Layout(len(kept), processes.count, spg)
     lo, hi = layout.span(processes.rank)
     refs = kept.refs[lo:hi]
@@ -211,14 +213,14 @@ def replay(trainer: DataflexGRPOTrainer, rounds: Sequence[RoundData], kept: Kept
     rewards = torch.stack([rounds[a].rewards[b] for a, b in kept.refs]).to(trainer.accelerator.device)
     pending = {c: [rounds[a].pending_logs[c][b] for a, b in mine] for c in first.pending_logs}
     inputs = [dict(rounds[a].inputs[b]) for a, b in mine]  # type: ignore[index]
-    trainer._dfx_pass = p = Pass("replay", generated=generated, rewards=rewards, pending_logs=pending,
+    trainer.dataflex_batch.current_pass = p = Pass("replay", generated=generated, rewards=rewards, pending_logs=pending,
                                  old_entropy=trainer._dfx_old_entropy())
     try:
         # TRL's old/reference passes run in chunks of one micro-batch, as on a batch of only these rows.
         with micro_batch_rows(trainer.args, layout.per_rank // spg), groups_of_one(trainer, ragged):
             out = trainer._dfx_trl_generation(inputs)
     finally:
-        trainer._dfx_pass = None
+        trainer.dataflex_batch.current_pass = None
     if p.entropies is not None:
         out["_dfx_entropy"] = p.entropies
     if ragged:
@@ -277,7 +279,7 @@ def rewarded(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any]]
     """A round's rewards are known (inside TRL's ``_calculate_rewards``): its rows from every process, its
     on_rollout batch handed to the step's generation; a collected round ends here (:class:`Collected`)."""
     p.round = data = round_data(trainer, p, inputs, rewards, full=p.kind == "collect")
-    gen = trainer._dfx_gen
+    gen = trainer.dataflex_batch.gen
     assert gen is not None
     # TRL's prompt ids are unpadded: each row's prompt, once per rollout.
     prompt = sum(len(ids) for ids in data.prompt_ids)
@@ -298,7 +300,7 @@ def round_data(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any
     local: dict[str, list[Any]] = {"prompt_ids": prompt_ids, "completion_ids": completion_ids}
     if tool_mask is not None:
         local["tool_mask"] = tool_mask
-    if trainer._dfx_labels is not None:
+    if trainer.dataflex_settings.labels is not None:
         local["labels"] = [str(x.get(key)) for x in inputs]
     if full:
         local.update(completions=completions, inputs=inputs)
@@ -314,13 +316,13 @@ def round_data(trainer: DataflexGRPOTrainer, p: Pass, inputs: list[dict[str, Any
         for column, values in pending.items():
             local[f"logs:{column}"] = values
         pending.clear()
-    glob = trainer._dfx_processes.gather_lists(local)
+    glob = trainer.dataflex_settings.processes.gather_lists(local)
     rewards = rewards.detach().cpu()
     if p.fillers:  # the last process's filler rows: in no batch, no count, no update
         glob = {k: v[:-p.fillers] for k, v in glob.items()}
         rewards = rewards[:-p.fillers]
-    uid = p.uid if p.uid is not None else torch.arange(len(rewards)) // trainer._dfx_batches.group_size
-    batch, loss_tokens = trainer._dfx_batches.rollout(glob["prompt_ids"], glob["completion_ids"],
+    uid = p.uid if p.uid is not None else torch.arange(len(rewards)) // trainer.dataflex_settings.batches.group_size
+    batch, loss_tokens = trainer.dataflex_settings.batches.rollout(glob["prompt_ids"], glob["completion_ids"],
                                                       glob.get("tool_mask"), rewards, glob.get("labels"), p.rows,
                                                       uid)
     data = RoundData(prompt_ids=glob["prompt_ids"], completion_ids=glob["completion_ids"],

@@ -27,15 +27,13 @@ SAME_DATASET = (f"resume with the training dataset the checkpoint was written fo
 
 def dataset_identity(trainer: DataflexGRPOTrainer) -> dict[str, Any]:
     """The training dataset's identity, computed once per run (at the first save or at resume)."""
-    if trainer._dfx_dataset_id is None:
-        trainer._dfx_dataset_id = dataset_id.identify(trainer.train_dataset)
-    return trainer._dfx_dataset_id
+    return trainer.dataflex_settings.dataset_id
 
 
 def state_dict(trainer: DataflexGRPOTrainer) -> dict[str, Any]:
-    stream = trainer._dfx_stream
+    stream = trainer.dataflex_settings.stream
     return {"format": STATE_FORMAT, "dataflex_bus": __version__, "global_step": trainer.state.global_step,
-            "generation_batches": trainer._dfx_generations, "runtime": trainer.dataflex.state_dict(),
+            "generation_batches": trainer.dataflex_batch.generations, "runtime": trainer.dataflex.state_dict(),
             "kit": trainer.dataflex_kit.state_dict(), "stream": stream.state_dict() if stream is not None else None,
             "dataset": dataset_identity(trainer)}
 
@@ -45,22 +43,22 @@ def load(trainer: DataflexGRPOTrainer, state: dict[str, Any], source: str = STAT
     check_format(source, state, "TRL", (STATE_FORMAT,), FRESH)
 
     def stream(saved: Any) -> None:
-        if (saved is None) != (trainer._dfx_stream is None):
+        if (saved is None) != (trainer.dataflex_settings.stream is None):
             raise ConfigError(ConfigIssue("dataflex", f"{source} and this run disagree on whether the host draws "
                                           "its own prompts (prompt selection, mix, refill, history): "
                                           f"{'the checkpoint' if saved is not None else 'this run'} does"))
-        if trainer._dfx_stream is not None:
-            trainer._dfx_stream.load_state_dict(saved)
+        if trainer.dataflex_settings.stream is not None:
+            trainer.dataflex_settings.stream.load_state_dict(saved)
 
     def generations(saved: Any) -> None:
         if not isinstance(saved, int) or saved < 0:
             raise ValueError(f"{saved!r} is not a count of generation batches")
-        trainer._dfx_generations = saved
+        trainer.dataflex_batch.generations = saved
 
     def dataset(saved: Any) -> None:
         # Only state keyed by prompt id (history, replay buffer, prompt selection) depends on which prompt sits at
         # a row; a checkpoint without the entry (an older dataflex-bus) is refused only then.
-        if trainer.dataflex.needs_prompt_ids:
+        if trainer.dataflex.plan.needs_prompt_ids:
             dataset_id.check(saved, dataset_identity(trainer), "its per-prompt state (history, replay buffer)",
                              SAME_DATASET)
 
@@ -80,6 +78,6 @@ def resume(trainer: DataflexGRPOTrainer, checkpoint: str) -> None:
     path = os.path.join(checkpoint, STATE_FILE)
     if not os.path.exists(path):
         warn_no_state("TRL", trainer.state.global_step, checkpoint, STATE_FILE)
-        trainer._dfx_generations = trainer.state.global_step // trainer._dfx_span
+        trainer.dataflex_batch.generations = trainer.state.global_step // trainer.dataflex_settings.span
         return
     load(trainer, read_state(path, FRESH), path)

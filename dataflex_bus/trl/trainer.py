@@ -38,19 +38,18 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from ..batch import Batch
-from ..generation import Generation
 from ..runtime import Runtime
 from ..sampler import domain_labels, prepare_prompts
-from ..steps import Step, StepKit
+from ..steps import StepKit
 from . import loss, passes, replays, state
+from .adapter import BatchState, RunSettings
 from .arguments import argument, check_processing_class
 from .batches import BatchMaker
 from .block import load_block
 from .host import describe, generation_span, round_unit
 from .processes import Processes
 from .prompts import PromptStream, prompt_table
-from .records import Kept, Pass, RoundData
+from .records import Kept, RoundData
 from .rows import Layout
 from .sizes import longest_prompt, model_config, model_shape
 from .skips import SkippedUpdates
@@ -76,7 +75,7 @@ class _StepEnd(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # A stop decided after this callback's on_step_end (TRL has logged that step): still counted and recorded.
-        if self.trainer._dfx_step is not None:
+        if self.trainer.dataflex_batch.step is not None:
             self.trainer._dfx_end()
 
 
@@ -86,12 +85,6 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
     other argument is ``GRPOTrainer``'s. The block is validated against the TRL host's description of
     ``args``, the training dataset and the environments before the model is prepared; what the host cannot
     run it under is refused naming the field."""
-
-    _dfx_pass: Pass | None
-    _dfx_gen: Generation | None
-    _dfx_step: Step | None
-    _dfx_end_batch: Batch | None
-    _dfx_stream: PromptStream | None
 
     def __init__(self, *args: Any, dataflex: Mapping[str, Any] | str | os.PathLike[str] | None = None,
                  **kwargs: Any) -> None:
@@ -121,57 +114,49 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
     def _dfx_setup(self) -> None:
         runtime = self.dataflex
         args: Any = self.args  # a GRPOConfig (typed as TrainingArguments by transformers)
-        self._dfx_processes = Processes(self.accelerator)
-        G, P = int(args.num_generations), self._dfx_processes.count
-        self._dfx_G, self._dfx_spg = G, int(args.steps_per_generation)
+        processes = Processes(self.accelerator)
+        G = int(args.num_generations)
         span, accumulation = generation_span(args)
-        #: Optimizer steps and micro-steps per generation batch (the host check refused a span that is not
-        #: a whole number of optimizer steps).
-        self._dfx_span, self._dfx_micro = max(span // accumulation, 1), span
-        self._dfx_target = args.generation_batch_size // G
-        self._dfx_unit = round_unit(G, P)  # prompts a round is rounded to, so every process gets whole rows
-        #: Rounds stop after their rewards and TRL's method runs again on the kept rows (passes.py).
-        #: Groups of any size (an allocation): TRL's advantages are replaced by the host's over the groups.
-        self._dfx_ragged = runtime.allocates
-        #: (Stored rows join the kept rows' pass: replays.py.) The plan the host's refusals read (environments).
-        self._dfx_collects = runtime.plan.regenerates
-        self._dfx_fillers = 0  # filler rollouts of the current generation batch (passes.sharded)
-        self._dfx_old_needed = args.gradient_accumulation_steps % span != 0 or bool(
-            self.use_vllm and self.vllm_importance_sampling_correction)
-        self._dfx_pass = self._dfx_gen = self._dfx_step = self._dfx_end_batch = None
-        self._dfx_skip = False
-        self._dfx_generations = 0
-        self._dfx_stream = None
-        self._dfx_dataset_id: dict[str, Any] | None = None  # (computed when first needed: state.py)
         dataset: Any = self.train_dataset
-        labels = domain_labels(dataset, runtime.domain_key, required=runtime.mixes) if hasattr(
+        labels = domain_labels(dataset, runtime.domain_key, required=bool(runtime.plan.samples_domains)) if hasattr(
             dataset, "column_names") else None
         sampler = prepare_prompts(runtime, lambda: prompt_table(labels, len(dataset)), labels=labels,
                                   seed=int(args.seed))
-        self._dfx_labels = labels
         if runtime.replay is not None:  # a restored stored row TRL could not train again is refused at resume
             runtime.replay.store.object_check = replays.object_check(len(dataset), len(self.reward_funcs))
-        self._dfx_domains = sampler.domains if sampler is not None else (
+        domains = sampler.domains if sampler is not None else (
             runtime.configured_domains or (sorted(set(labels)) if labels is not None else None))
         row_domain = None
-        if runtime.needs_prompt_ids:
+        if runtime.plan.needs_prompt_ids:
             assert runtime.prompt_table is not None
             position = {d: i for i, d in enumerate(runtime.prompt_table.domains)}
             row_domain = torch.tensor([position[x] for x in (labels or ["default"] * len(dataset))])
         stops = {*self.eos_token_ids, self._tokenizer.pad_token_id} if self.mask_truncated_completions else None
-        self._dfx_batches = BatchMaker(runtime, G, self._tokenizer.pad_token_id,
-                                       None if stops is None else frozenset(stops), self.reward_weights,
-                                       row_domain, self._dfx_domains)
+        stream = None
         if runtime.plan.draws_prompts:  # (what the host refuses over an IterableDataset)
-            self._dfx_stream = PromptStream(len(dataset), shuffle=bool(self.shuffle_dataset), seed=int(args.seed),
-                                            sampler=sampler)
+            stream = PromptStream(len(dataset), shuffle=bool(self.shuffle_dataset), seed=int(args.seed),
+                                  sampler=sampler)
+        #: What is fixed for the run (adapter.py).
+        self.dataflex_settings = RunSettings(
+            processes=processes, group_size=G, steps_per_generation=int(args.steps_per_generation),
+            span=max(span // accumulation, 1), micro=span, target=args.generation_batch_size // G,
+            unit=round_unit(G, processes.count), ragged=bool(runtime.plan.allocates),
+            collects=runtime.plan.regenerates,
+            old_needed=args.gradient_accumulation_steps % span != 0 or bool(
+                self.use_vllm and self.vllm_importance_sampling_correction),
+            labels=labels, domains=domains,
+            batches=BatchMaker(runtime, G, self._tokenizer.pad_token_id, None if stops is None else frozenset(stops),
+                               self.reward_weights, row_domain, domains),
+            stream=stream, dataset=dataset)
+        #: Where the current generation batch stands (adapter.py).
+        self.dataflex_batch = BatchState()
         self.add_callback(_StepEnd(self))
 
     # ------------------------------------------------------------------ the generation batch (passes.py)
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not getattr(self.model, "training", False):
             return super()._generate_and_score_completions(inputs)
-        if self._dfx_step is not None:  # a generation batch training stopped inside (max_steps, resume)
+        if self.dataflex_batch.step is not None:  # a generation batch training stopped inside (max_steps, resume)
             self._dfx_end()
         return passes.generation_batch(self, inputs)
 
@@ -189,11 +174,11 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
     def _dfx_old_entropy(self) -> bool:
         """Whether TRL's old-policy pass should compute the entropy a method reads (it runs anyway)."""
         wanted = self.dataflex.fields("on_advantage") | self.dataflex.fields("on_step_end")
-        return "entropy" in wanted and self._dfx_old_needed
+        return "entropy" in wanted and self.dataflex_settings.old_needed
 
     # ------------------------------------------------------------------ TRL's hook points inside a pass
     def _generate(self, prompts: list[Any]) -> Any:
-        p = self._dfx_pass
+        p = self.dataflex_batch.current_pass
         if p is None:
             return super()._generate(prompts)
         if p.kind == "replay":
@@ -204,7 +189,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Tensor, attention_mask: Tensor,
                                            logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
-        p = self._dfx_pass
+        p = self.dataflex_batch.current_pass
         if p is not None and not torch.is_grad_enabled():
             if p.kind == "collect":  # the round may be dropped: its old/reference passes wait for the replay
                 zeros = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
@@ -221,7 +206,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
                            completion_ids_list: list[list[int]]) -> Tensor:
-        p = self._dfx_pass
+        p = self.dataflex_batch.current_pass
         if p is None:
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if p.kind == "replay":
@@ -238,16 +223,16 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         return loss.compute_loss(super()._compute_loss, self.accelerator, model, inputs)
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        return loss.skip_when(super().create_optimizer(*args, **kwargs), lambda: self._dfx_skip)
+        return loss.skip_when(super().create_optimizer(*args, **kwargs), lambda: self.dataflex_batch.skip)
 
     # ------------------------------------------------------------------ step end
     def _dfx_maybe_end(self, last: bool = False) -> None:
-        if self._dfx_step is not None and (last or self._step % self._dfx_micro == 0):
+        if self.dataflex_batch.step is not None and (last or self._step % self.dataflex_settings.micro == 0):
             self._dfx_end()
 
     def _dfx_end(self) -> None:
-        step, batch = self._dfx_step, self._dfx_end_batch
-        self._dfx_step = self._dfx_end_batch = None
+        step, batch = self.dataflex_batch.step, self.dataflex_batch.end_batch
+        self.dataflex_batch.step = self.dataflex_batch.end_batch = None
         assert step is not None
         metrics = step.end(batch)
         # Cumulative counters are logged as they stand, the step's figures averaged over the logging window.
@@ -278,9 +263,9 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         if checkpoint is None:
             return
         state.resume(self, checkpoint)
-        if self.state.global_step % self._dfx_span:
+        if self.state.global_step % self.dataflex_settings.span:
             log.warning("dataflex: resumed at step %d, inside a generation batch (%d optimizer steps each): TRL "
                         "generates that batch again, so the run is not the uninterrupted one (plain TRL's too)",
-                        self.state.global_step, self._dfx_span)
+                        self.state.global_step, self.dataflex_settings.span)
 
 

@@ -31,16 +31,16 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
     bad = [k for k in MULTIMODAL if k in out]
     if bad:
         raise DataflexError(f"dataflex TRL host: multimodal fields {bad} are not supported")
-    runtime, processes = trainer.dataflex, trainer._dfx_processes
+    runtime, processes = trainer.dataflex, trainer.dataflex_settings.processes
     skip = outcome.skip_update
     wanted = runtime.fields("on_advantage") | runtime.fields("on_step_end")
-    behaviour = runtime.replays or "rollout_log_probs" in wanted
+    behaviour = bool(runtime.plan.replays) or "rollout_log_probs" in wanted
     if behaviour:  # the behaviour log-probs (stored by a replay; vLLM's, or the old ones); the correction's pi_old
         wanted = wanted | {"old_log_probs", "rollout_log_probs"}
     batch = None
     if runtime.listens("on_advantage") or runtime.listens("on_step_end"):
         old_pass(trainer, out, layout, wanted)
-        batch = trainer._dfx_batches.advantage(out, rounds, kept, layout, wanted, processes)
+        batch = trainer.dataflex_settings.batches.advantage(out, rounds, kept, layout, wanted, processes)
     out.pop("_dfx_entropy", None)
     out.pop("_dfx_old_logps", None)
     replayed = step.replayed if kept.replayed is not None else None
@@ -50,7 +50,7 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
         old = batch["old_log_probs"]
         sampled = vllm.behaviour_log_probs(batch["rollout_log_probs"], old) if batch.has("rollout_log_probs") else old
         batch = batch.with_fields(rollout_log_probs=replays.behaviour_log_probs(sampled, replayed, fresh))
-        rows = replays.replay_rows(len(kept), fresh) if runtime.replays else None
+        rows = replays.replay_rows(len(kept), fresh) if runtime.plan.replays else None
     action = step.advantage(batch, replay_rows=rows) if batch is not None and runtime.listens(
         "on_advantage") else AdvantageAction()
     if action.store is not None:
@@ -101,10 +101,10 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
         processes.num_items(out)
     if skip:
         step.skipped()
-    trainer._dfx_skip = skip
+    trainer.dataflex_batch.skip = skip
     trained = (kept.loss_tokens > 0) & (not skip)
     step.trained(trained, kept.loss_tokens, kept.rewards, kept.lengths, kept.groups, replayed=kept.replayed)
-    trainer._dfx_step, trainer._dfx_end_batch = step, end
+    trainer.dataflex_batch.step, trainer.dataflex_batch.end_batch = step, end
     return out
 
 
@@ -117,7 +117,7 @@ def old_pass(trainer: DataflexGRPOTrainer, out: dict[str, Any], layout: Layout, 
         return
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
     mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-    chunk = max(layout.per_rank // trainer._dfx_spg, 1)
+    chunk = max(layout.per_rank // trainer.dataflex_settings.steps_per_generation, 1)
     model: Any = trainer.model
     checkpointing: Any = trainer.args.gradient_checkpointing_kwargs
     with torch.no_grad(), disable_gradient_checkpointing(model, checkpointing):
@@ -133,14 +133,14 @@ def relayout(trainer: DataflexGRPOTrainer, out: dict[str, Any], kept: Kept, layo
              index: Tensor) -> tuple[dict[str, Any], Kept, Layout]:
     """Rows removed at on_advantage: the rows left (``index`` into the kept rows) laid out over the processes
     again, as TRL lays out a batch of that many rows."""
-    processes = trainer._dfx_processes
+    processes = trainer.dataflex_settings.processes
     P, rank = processes.count, processes.rank
     lo, hi = layout.span(rank)
     local = {k: v[:hi - lo].detach().cpu() for k, v in row_fields(out).items() if k != REAL}
-    glob = local if P == 1 else cat_rows(gather_object([local]), trainer._dfx_batches.pad_id)
+    glob = local if P == 1 else cat_rows(gather_object([local]), trainer.dataflex_settings.batches.pad_id)
     glob = {k: v[index] for k, v in glob.items()}
     kept = kept.select(index)
-    new = Layout(len(kept), P, trainer._dfx_spg)
+    new = Layout(len(kept), P, trainer.dataflex_settings.steps_per_generation)
     lo, hi = new.span(rank)
     mine = [*range(lo, hi)]
     source = mine[-1] if mine else 0

@@ -83,7 +83,7 @@ def replay_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex") -> list
     if not trl_corrects(args):
         return []
     from ..mechanisms.replay import Replayer
-    from ..validation import method_keys
+    from ..block import method_keys
 
     issues: list[ConfigIssue] = []
     for method, mkey in zip(cfg.methods, method_keys(cfg, key)):

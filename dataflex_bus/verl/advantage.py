@@ -61,7 +61,7 @@ class AdvantageCarryOut:
             self._trained_without_listeners(meta, rewards)
             return meta
         extra = ["rollout_is_weights"] if "rollout_is_weights" in (meta.fields or []) else []
-        replays = self.dataflex.replays
+        replays = bool(self.dataflex.plan.replays)
         view, data = self._read("on_advantage", meta, [*extra, "index"] if replays else extra)
         replay_rows = None
         if replays:

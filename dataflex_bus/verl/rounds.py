@@ -85,7 +85,7 @@ class GenerationRounds:
         """The replay buffer's sample runs the kit's generation rounds: under ``dataflex.refill``, and whenever
         a method allocates rollouts (a round's prompts are the ones dispatched, however many an allocation left:
         verl's own sample would wait for ``train_batch_size`` of them; a continuation generates more)."""
-        return self.dataflex.refill is not None or self.dataflex.allocates
+        return self.dataflex.plan.generates_in_rounds
 
     @property
     def _buffer_counts_rollouts(self) -> bool:

@@ -179,7 +179,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
                                   f"TransferQueue returned no rows for {len(meta.keys)} keys at {event}: a field "
                                   "is present on only some keys")
         batch = to_batch(data, meta.tags, domain_key=self.domain_key)
-        if self.dataflex.mixes and batch.domain_ids is None:
+        if self.dataflex.plan.samples_domains and batch.domain_ids is None:
             raise BatchFieldError("dataflex mix", self.domain_key,
                                   "the trajectories in TransferQueue carry no domain label; set "
                                   "dataflex.domain_key to a dataset column")
@@ -187,7 +187,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
 
     def _rollouts(self, meta: KVBatchMeta, *, emits: bool) -> Batch:
         """The rollouts of ``meta`` as the on_rollout batch, with prompt ids when the history is kept."""
-        ids = self.dataflex.keeps_history or self.dataflex.replays
+        ids = bool(self.dataflex.plan.reads_history or self.dataflex.plan.replays)
         batch, data = self._read("on_rollout", meta, ["index"] if ids else [], emits=emits)
         if ids:
             batch = batch.with_fields(prompt_index=self._prompt_index(data, batch))
@@ -197,10 +197,10 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         """on_rollout, then verl's padding and sequence balancing on what is left."""
         self._skip_update = False
         self._replay_rows = {}
-        if self.dataflex.replays:
+        if self.dataflex.plan.replays:
             self._generated_fields = generated_fields(batch)
         batch = self._on_rollout(batch)
-        if self.dataflex.replays and not self._skip_update:
+        if self.dataflex.plan.replays and not self._skip_update:
             batch = self._add_replayed(batch)
         batch = super()._balance_batch(batch, metrics, *args, **kwargs)
         # What old-log-prob, reference, critic and actor compute will run on: verl pads the kept rows
@@ -241,7 +241,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
     # ------------------------------------------------------------------ replay
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         # A replay method may fill part of the step from its buffer: the replay buffer then waits for fewer groups.
-        if self.dataflex.replays:
+        if self.dataflex.plan.replays:
             sample_batch_size = self._current_step().fresh_prompts(sample_batch_size)
         return super()._step_once(metrics, timing_raw, sample_batch_size)
 
@@ -271,9 +271,9 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         kept; otherwise verl's own fetch, counted."""
         train_batch_size = self.config.data.train_batch_size
         target = num_prompts if num_prompts is not None else train_batch_size
-        if num_prompts is None and self.dataflex.replays:
+        if num_prompts is None and self.dataflex.plan.replays:
             target = self._current_step().fresh_prompts(target)
-        if not self.dataflex.selects_prompts:
+        if not self.dataflex.plan.before_generation:
             fetch = super()._next_train_batch
             return self._remember(self._current_step().prompts(target, lambda n: Candidates(fetch(n))).draws[0])
         gen = self.config.data.get("gen_batch_size", None) or train_batch_size
@@ -351,7 +351,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         super()._init_dataloader()
         frame = self.train_dataset.dataframe
         seed = self.config.data.get("seed", None)
-        labels = domain_labels(frame, self.domain_key, required=True) if self.dataflex.mixes else None
+        labels = domain_labels(frame, self.domain_key, required=True) if self.dataflex.plan.samples_domains else None
         self.domain_sampler = prepare_prompts(
             self.dataflex, lambda: dataset_prompt_table(frame, self.domain_key, self.config.data.get("prompt_key",
                                                                                                    "prompt")),

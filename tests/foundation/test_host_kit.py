@@ -80,6 +80,12 @@ def test_a_field_the_host_lacks_is_refused_naming_the_host_and_why(register):
                 "actuator": {"name": "rollout_replay"}}, "dataflex.mechanism"),
     ("loss_weights", {"mechanism": "select", "scorer": {"name": "token_entropy"},
                       "actuator": {"name": "top_entropy"}}, "dataflex.actuator.name"),
+    # the plan's needs, refused by the same loop
+    ("prompt_ids", {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
+                    "actuator": {"name": "rollout_replay"}}, "dataflex.mechanism"),
+    ("prompt_ids", {"mechanism": "select", "scorer": {"name": "zero_variance_streak"},
+                    "actuator": {"name": "greso"}}, "dataflex.scorer.name"),
+    ("regenerates_kept_rows", BAND, "dataflex.mechanism"),
 ])
 def test_a_capability_the_host_lacks_is_refused_naming_the_host(capability, block, key):
     host = ANY_HOST.replace(name="lab", capabilities=frozenset(CAPABILITIES) - {capability},
@@ -90,19 +96,28 @@ def test_a_capability_the_host_lacks_is_refused_naming_the_host(capability, bloc
     validate(block, host=ANY_HOST)
 
 
-def test_what_a_block_needs_of_its_host_comes_from_its_mechanisms_and_refill():
+def test_what_a_block_needs_of_its_host_comes_from_its_mechanisms_refill_and_plan():
     from dataflex_bus.validation import block_needs
 
     knapsack = {"mechanism": "allocate", "scorer": {"name": "knapsack_rate"}, "actuator": {"name": "knapsack"}}
     assert {(n.key, n.capability) for n in block_needs(validate(knapsack))} == {
-        ("dataflex.mechanism", "ragged_groups"), ("dataflex.scorer.name", "prompt_selection")}
+        ("dataflex.mechanism", "ragged_groups"), ("dataflex.scorer.name", "prompt_selection"),
+        # the plan's: it draws prompts by row (before generation; its scorer reads the history) and runs
+        # generation again on the kept rows (an allocation)
+        ("dataflex.mechanism", "prompt_ids"), ("dataflex.scorer.name", "prompt_ids"),
+        ("dataflex.mechanism", "regenerates_kept_rows")}
     stack = {"methods": [{**BAND, "name": "band"}, {"name": "w", "mechanism": "reweight",
                                                     "scorer": {"name": "token_prob"},
                                                     "actuator": {"name": "advantage_reweight"}}],
              "refill": {"policy": "fixed"}}
     assert {(n.key, n.capability) for n in block_needs(validate(stack))} == {
-        ("dataflex.refill", "refill"), ("dataflex.methods[1].mechanism", "loss_weights")}
-    assert block_needs(validate(BAND)) == []
+        ("dataflex.refill", "refill"), ("dataflex.methods[1].mechanism", "loss_weights"),
+        ("dataflex.refill", "prompt_ids"), ("dataflex.refill", "regenerates_kept_rows"),
+        ("dataflex.methods[0].mechanism", "regenerates_kept_rows")}
+    assert {(n.key, n.capability) for n in block_needs(validate(BAND))} == {
+        ("dataflex.mechanism", "regenerates_kept_rows")}
+    reweight = {"mechanism": "reweight", "scorer": {"name": "token_prob"}, "actuator": {"name": "advantage_reweight"}}
+    assert {n.capability for n in block_needs(validate(reweight))} == {"loss_weights"}
 
 
 def test_refill_policies_the_host_lacks_are_refused_with_the_ones_it_has():

@@ -27,9 +27,9 @@ def test_listens_follows_the_methods_and_the_observers():
     assert not any(Runtime(None).listens(e) for e in ("on_rollout", "on_advantage", "on_step_end"))
 
 
-def test_drops_rows_at_names_the_events_where_rows_may_leave():
-    assert Runtime(SEED).drops_rows_at("on_rollout") and not Runtime(SEED).drops_rows_at("on_advantage")
-    assert Runtime(TOPK).drops_rows_at("on_advantage")
-    assert not Runtime(REWEIGHT).drops_rows_at("on_advantage")
-    assert Runtime({**REWEIGHT, "on_nonfinite": "drop"}).drops_rows_at("on_advantage")
-    assert not Runtime(None).drops_rows_at("on_advantage")
+def test_the_plan_names_the_methods_that_may_drop_rows_at_on_rollout():
+    """What the hosts read to decide whether TRL's generation runs again on the kept rows."""
+    assert Runtime(SEED).plan.drops_at_rollout == ("dataflex.mechanism",)
+    assert Runtime(TOPK).plan.drops_at_rollout == ()  # drops at on_advantage, after generation
+    assert Runtime({**REWEIGHT, "on_nonfinite": "drop"}).plan.drops_at_rollout == ()
+    assert Runtime(None).plan.drops_at_rollout == ()

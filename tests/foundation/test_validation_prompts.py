@@ -74,7 +74,7 @@ def test_greso_stack_acts_before_and_after_generation():
     assert [m.event for m in pipe.methods] == ["on_prompts", "on_rollout"]
     assert pipe.config.refill is not None and pipe.config.refill.policy == "greso"
     runtime = Runtime({"methods": [GRESO, DAPO]})
-    assert runtime.selects_prompts and runtime.keeps_history and runtime.needs_prompt_ids
+    assert runtime.plan.before_generation and runtime.plan.reads_history and runtime.plan.needs_prompt_ids
 
 
 def test_a_generic_selector_acts_before_generation_on_a_pre_rollout_score(prompt_toys):
@@ -82,7 +82,7 @@ def test_a_generic_selector_acts_before_generation_on_a_pre_rollout_score(prompt
                            "actuator": {"name": "topk_fraction", "params": {"fraction": 0.5}}})
     assert pipe.event == "on_prompts"
     runtime = Runtime({"mechanism": "select", "scorer": {"name": "t_plain"}, "actuator": {"name": "topk_fraction"}})
-    assert runtime.selects_prompts and not runtime.keeps_history
+    assert runtime.plan.before_generation and not runtime.plan.reads_history
 
 
 def test_pre_rollout_scorer_only_feeds_a_selection():

@@ -46,11 +46,11 @@ class WorldShim(ShimTrainer):
         self.prompts = world.prompts
         self.cursor = 0
         labels = [d for d, _ in self.prompts]
-        if runtime.needs_prompt_ids:
+        if runtime.plan.needs_prompt_ids:
             runtime.set_prompts(PromptTable.from_labels(labels, [r for _, r in self.prompts],
                                                         column="extra_info.index"))
         self.domain_sampler = None
-        if runtime.mixes:
+        if runtime.plan.samples_domains:
             from dataflex_bus.sampler import DomainSampler
 
             self.domain_sampler = DomainSampler(labels, domains=runtime.configured_domains, seed=SEED)

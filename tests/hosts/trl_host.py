@@ -44,7 +44,7 @@ def _recording_trainer() -> Any:
                 "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages", WEIGHTS,
                 "old_per_token_logps", BEHAVIOUR)}
             keep["real"] = None if real is None else real.detach().cpu()
-            self.updates.append((self._dfx_generations - 1, self._dfx_skip, keep))
+            self.updates.append((self.dataflex_batch.generations - 1, self.dataflex_batch.skip, keep))
             return super()._compute_loss(model, inputs)
 
         def _dfx_end(self) -> None:

@@ -31,7 +31,13 @@ def test_the_description_is_trl_s_batch():
     assert "ref_log_prob" in describe({**ARGS, "beta": 0.04}).fields["on_advantage"]
     assert {"values", "returns", "rollout_is_weights"}.isdisjoint(host.fields["on_advantage"])
     assert host.capabilities == {"prompt_selection", "refill", "domain_sampling", "loss_weights", "ragged_groups",
-                                 "replay"}
+                                 "replay", "prompt_ids", "regenerates_kept_rows"}
+    # what the dataset and environments cannot give is a capability lacked, with the reason a refusal says
+    stream, envs = describe(ARGS, dataset=_Stream()), describe(ARGS, environments=True)
+    assert host.capabilities - stream.capabilities == {"prompt_ids"}
+    assert "IterableDataset" in stream.why_not("prompt_ids")
+    assert host.capabilities - envs.capabilities == {"regenerates_kept_rows"}
+    assert "environment_factory" in envs.why_not("regenerates_kept_rows")
     # Colocated vLLM: one request per row, and vLLM's sampling log-probs are the behaviour log-probs.
     vllm = describe({**ARGS, "use_vllm": True})
     assert vllm.capabilities == host.capabilities and vllm.fields == host.fields and vllm.rollout_is is None
@@ -333,7 +339,8 @@ def test_an_allocation_before_generation_under_environments_is_refused_like_the_
         with pytest.raises(ConfigError) as err:
             validate(_example(name), host=describe(ARGS, environments=True))
         assert "environment_factory" in str(err.value) and "rollout_func" in str(err.value), name
-    with pytest.raises(ConfigError, match=r"environment_factory.*dataflex\.mechanism.*allocates"):
+    with pytest.raises(ConfigError, match=r"dataflex\.mechanism: allocates rollouts per prompt.*lacks "
+                                          r"regenerates_kept_rows \(environment_factory"):
         validate(_example("knapsack"), host=describe(ARGS, environments=True))
 
 

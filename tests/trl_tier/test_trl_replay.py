@@ -54,7 +54,7 @@ class Recording(DataflexGRPOTrainer):
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
         self.__dict__.setdefault("seen", []).append(
-            (self._dfx_generations - 1, {k: v.detach().clone() for k, v in inputs.items()
+            (self.dataflex_batch.generations - 1, {k: v.detach().clone() for k, v in inputs.items()
                                          if isinstance(v, torch.Tensor)}))
         return super()._compute_loss(model, inputs)
 

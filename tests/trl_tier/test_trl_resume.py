@@ -124,7 +124,7 @@ def test_a_checkpoint_without_the_dataset_s_identity_is_refused_where_state_is_k
     strip(checkpoint)
     resumed = T.train(DataflexGRPOTrainer, rows=ROWS, rows_per_gen=16, steps=2, out=str(tmp_path / "resumed-b"),
                       resume=str(checkpoint), trainer_kwargs={"dataflex": dapo})
-    assert resumed["trainer"]._dfx_generations == 2
+    assert resumed["trainer"].dataflex_batch.generations == 2
 
 
 def test_a_dataset_s_identity_is_its_content_in_row_order_whatever_its_arrow_layout():

@@ -146,7 +146,7 @@ def test_a_checkpoint_without_dataflex_state_resumes_fresh_with_a_warning(tmp_pa
     T.train(rows=rows, rows_per_gen=16, steps=2, save_strategy="steps", save_steps=1, out=str(tmp_path / "plain"))
     resumed = T.train(DataflexGRPOTrainer, rows=rows, rows_per_gen=16, steps=2, resume=str(tmp_path / "plain" /
                       "checkpoint-1"), trainer_kwargs={"dataflex": DAPO})
-    assert resumed["trainer"]._dfx_generations == 2
+    assert resumed["trainer"].dataflex_batch.generations == 2
     assert any("holds no dataflex_state.pt" in r.getMessage() for r in dataflex_log.records
                if r.levelno == logging.WARNING)
     assert os.path.isdir(tmp_path / "plain" / "checkpoint-1")

@@ -109,7 +109,7 @@ def test_a_method_stack_is_one_hydra_override(data, tmp_path):
     assert trainer.dataflex.describe() == [
         "filter: reward_difficulty+dapo @ on_rollout", "curriculum: advantage_magnitude+dump_ucb @ on_step_end",
         "ar: token_prob+advantage_reweight @ on_advantage"]
-    assert trainer.dataflex.mechanisms == {"select", "mix", "reweight"} and trainer.dataflex.mixes
+    assert trainer.dataflex.mechanisms == {"select", "mix", "reweight"} and trainer.dataflex.plan.samples_domains
     # a mistake inside one method is reported under its list key, before any worker starts
     from dataflex_bus.errors import ConfigError
 
