@@ -82,8 +82,8 @@ def replay_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex") -> list
     (``behaviour``) needs nothing: its replayed rows' TRL ratio is set to 1 (:func:`own_correction`)."""
     if not trl_corrects(args):
         return []
-    from ..mechanisms.replay import Replayer
     from ..block import method_keys
+    from ..mechanisms.replay import Replayer
 
     issues: list[ConfigIssue] = []
     for method, mkey in zip(cfg.methods, method_keys(cfg, key)):
