@@ -11,6 +11,6 @@ scripts/vllm_venv.sh "$venv"
 installed=$(date +%s)
 # One torch thread and no core pinning (vLLM's CPU backend; tests/vllm_tier/vllm_cpu_support.py sets the rest).
 OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$venv/bin/python" -m pytest -m vllm -p no:cacheprovider \
-    -W ignore::DeprecationWarning -W ignore::FutureWarning tests/vllm_tier "$@"
+    -W ignore::DeprecationWarning -W ignore::FutureWarning tests/vllm_tier tests/hosts/test_trl_vllm_host.py "$@"
 end=$(date +%s)
 echo "vllm tier: install $((installed - start)) s, tests $((end - installed)) s, total $((end - start)) s"

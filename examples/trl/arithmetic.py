@@ -216,6 +216,10 @@ def vllm_folder(model: Any, tok: Any) -> str:
     return str(folder)
 
 
+#: Context managers entered for the whole run.
+_HELD: list[Any] = []
+
+
 def vllm_settings(model: Any, tok: Any) -> dict[str, Any]:
     """``GRPOConfig`` fields of vLLM generation; on a machine without a GPU, vLLM's CPU build with the CPU
     backend's support applied (module doc)."""
@@ -229,7 +233,8 @@ def vllm_settings(model: Any, tok: Any) -> dict[str, Any]:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "vllm_tier"))
         from vllm_cpu_support import cpu_backend  # test support for vLLM's CPU backend, never in dataflex_bus
 
-        cpu_backend().__enter__()  # for the whole run
+        _HELD.append(cpu_backend())  # held for the whole run (a dropped context manager would undo it)
+        _HELD[-1].__enter__()
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256,
             "vllm_gpu_memory_utilization": 0.1}
 
