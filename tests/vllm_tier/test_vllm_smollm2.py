@@ -33,9 +33,11 @@ def test_smollm2_trains_two_speed_steps_with_vllm_generation(tmp_path):
     assert summary["generation"] == "vllm" and summary["steps"] == 2
     logs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert len(logs) == 2
-    # SPEED screens with num_generations, then continues the prompts it keeps: every rollout generated counted
-    assert all(h["dataflex/alloc/rollouts"] >= 1 for h in logs)
-    assert summary["generated_rollouts"] == sum(h["dataflex/alloc/rollouts"] for h in logs) or \
-        summary["generated_rollouts"] >= logs[-1]["dataflex/alloc/rollouts"]
-    # TRL's vLLM importance-sampling correction ran: vLLM's log-probs against the policy's
-    assert all("sampling/importance_sampling_ratio/mean" in h for h in logs)
+    # SPEED screens 2 prompts x num_generations=4, then continues the prompts it keeps: more vLLM calls
+    assert all(h["dataflex/alloc/continued"] >= 1 and h["dataflex/alloc/rollouts"] > 8 for h in logs)
+    assert summary["generated_rollouts"] == logs[-1]["compute/generated_rollouts"] == sum(
+        h["dataflex/alloc/rollouts"] for h in logs)
+    # TRL's vLLM importance-sampling correction ran, and vLLM held the policy's weights (the CPU backend's weight
+    # sync, tied output layer included): vLLM's log-probs are the policy's to float rounding
+    for h in logs:
+        assert abs(h["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
