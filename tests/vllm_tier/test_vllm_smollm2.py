@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_smollm2_trains_two_speed_steps_with_vllm_generation(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
+    # Not this process's torch.distributed rendezvous (an earlier colocated trainer of the session set it, and
+    # its port is still held): the example's TRL picks a free port of its own.
+    rendezvous = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"}
+    env = {**{k: v for k, v in os.environ.items() if k not in rendezvous}, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "trl" / "arithmetic.py"), "--vllm", "--smoke",
                            "--method", str(ROOT / "examples" / "speed.yaml"), "--threads", "1", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
