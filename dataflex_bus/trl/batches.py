@@ -104,8 +104,10 @@ class BatchMaker:
                                      "advantages": adv * response}
         fields.update(self.token_fields([rounds[a].prompt_ids[b] for a, b in kept.refs], completion_ids,
                                         response, wanted))
+        # (``rollout_log_probs``: vLLM's sampling log-probs when TRL generated with vLLM, trl/vllm.py.)
         per_token = {"old_log_probs": out.get("old_per_token_logps", out.get("_dfx_old_logps")),
-                     "ref_log_prob": out.get("ref_per_token_logps"), "entropy": out.get("_dfx_entropy")}
+                     "ref_log_prob": out.get("ref_per_token_logps"), "entropy": out.get("_dfx_entropy"),
+                     "rollout_log_probs": out.get("sampling_per_token_logps")}
         for name, value in per_token.items():
             if name in wanted and value is not None:
                 fields[name] = fit(processes.gather_rows(value.detach().float(), layout), width)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..kit import CAPABILITIES, EVENT_FIELDS, ConfigIssue, HostDescription, Plan
+from . import vllm
 from .arguments import field_of
 
 if TYPE_CHECKING:
@@ -42,11 +43,9 @@ KEY = "GRPOConfig"
 ON_ROLLOUT = frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask", "input_ids",
                         "rm_scores", "uid", "data_source"})
 #: ``rollout_log_probs``: the behaviour log-probs, on transformers' generation the old log-probs (the policy
-#: that sampled the rows computes them, nothing moves between), a replayed row's stored ones.
+#: that sampled the rows computes them, nothing moves between), with vLLM vLLM's sampling log-probs
+#: (:mod:`~dataflex_bus.trl.vllm`), a replayed row's stored ones.
 ON_ADVANTAGE = ON_ROLLOUT | {"old_log_probs", "advantages", "entropy", "rollout_log_probs"}
-#: Why ``rollout_log_probs`` is missing with vLLM generation.
-VLLM_ROLLOUT = ("with use_vllm=True TRL samples with vLLM, whose sampling log-probs this host does not read; "
-                "use transformers' generation (use_vllm=False)")
 _MISSING = {
     "rollout_is_weights": "TRL applies vLLM's importance-sampling ratio inside its loss; dataflex weights multiply "
                           "the advantages instead",
@@ -56,12 +55,6 @@ _MISSING = {
 }
 #: What the TRL host does not carry out, and why (said in the refusal): nothing, on transformers' generation.
 LACKS: dict[str, str] = {}
-#: Why replay is refused with vLLM generation (the same gap as ``rollout_log_probs``'s, ``VLLM_ROLLOUT``).
-VLLM_REPLAY = "a stored row's behaviour log-probs are unknown: " + VLLM_ROLLOUT
-#: Why allocation is refused with vLLM generation.
-VLLM_RAGGED = ("with use_vllm=True TRL's vLLM generation makes num_generations completions of every "
-               "num_generations-th prompt, so per-prompt rollout counts cannot be generated; use transformers' "
-               "generation (use_vllm=False)")
 #: Why ``prompt_ids`` is lacking over an ``IterableDataset``.
 ITERABLE_DATASET = "train_dataset is an IterableDataset, whose rows cannot be drawn by index; use a datasets.Dataset"
 #: Why ``regenerates_kept_rows`` is lacking under ``environment_factory``.
@@ -137,13 +130,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
     advantage = set(ON_ADVANTAGE)
     missing = {**_MISSING, **LACKS}
     capabilities = set(CAPABILITIES_TRL)
-    if bool(field_of(args, "use_vllm", False)):
-        capabilities.discard("ragged_groups")
-        missing["ragged_groups"] = VLLM_RAGGED
-        capabilities.discard("replay")
-        missing["replay"] = VLLM_REPLAY
-        advantage.discard("rollout_log_probs")
-        missing["rollout_log_probs"] = VLLM_ROLLOUT
+    rollout_is = vllm.adjust(args, capabilities, missing) if vllm.uses_vllm(args) else None
     if float(field_of(args, "beta", 0.0)) != 0.0:
         advantage.add("ref_log_prob")
     else:
@@ -166,7 +153,7 @@ def describe(args: Any, *, processes: int | None = None, dataset: Any = None, en
                            loss_agg=str(field_of(args, "loss_type", "dapo")), processes=processes, missing=missing,
                            check=lambda cfg, key: block_issues(args, cfg, key, dataset=dataset, processes=processes),
                            group_size_name=f"{KEY}.num_generations", row_bytes=row, row_bytes_basis=basis,
-                           stored_row_bytes=stored, stored_row_basis=stored_basis)
+                           stored_row_bytes=stored, stored_row_basis=stored_basis, rollout_is=rollout_is)
 
 
 def config_issues(args: Any, *, processes: int = 1) -> list[ConfigIssue]:
@@ -228,9 +215,9 @@ def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, datas
             "would change in the middle of an optimizer step",
             hint=f"set gradient_accumulation_steps to a divisor of {span} (e.g. leave steps_per_generation unset: "
                  "it defaults to gradient_accumulation_steps)"))
-    if bool(field_of(args, "use_vllm", False)):
-        log.warning("dataflex: the TRL host is tested with transformers' generation; with use_vllm=True every "
-                    "generation round is one vLLM call, untested")
+    if vllm.uses_vllm(args):
+        issues.extend(vllm.replay_issues(args, cfg, key))
+        vllm.warn_server(args)
     return issues
 
 

@@ -47,7 +47,7 @@ from .block import load_block
 from .host import describe, generation_span, round_unit
 from .processes import Processes
 from .prompts import PromptStream, prompt_table
-from .records import Kept, RoundData
+from .records import Kept, Pass, RoundData
 from .rows import Layout
 from .sizes import longest_prompt, model_config, model_shape
 from .skips import SkippedUpdates
@@ -175,8 +175,14 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
         return "entropy" in wanted and self.dataflex_settings.old_needed
 
     # ------------------------------------------------------------------ TRL's hook points inside a pass
+    def _dfx_current_pass(self) -> Pass | None:
+        """The pass TRL's method is running in; ``None`` outside one, and on a trainer made without ``__init__``
+        (as TRL's own tests make one to call ``_generate``): plain TRL then."""
+        state = self.__dict__.get("dataflex_batch")
+        return None if state is None else state.current_pass
+
     def _generate(self, prompts: list[Any]) -> Any:
-        p = self.dataflex_batch.current_pass
+        p = self._dfx_current_pass()
         if p is None:
             return super()._generate(prompts)
         if p.kind == "replay":
@@ -187,7 +193,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Tensor, attention_mask: Tensor,
                                            logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
-        p = self.dataflex_batch.current_pass
+        p = self._dfx_current_pass()
         if p is not None and not torch.is_grad_enabled():
             if p.kind == "collect":  # the round may be dropped: its old/reference passes wait for the replay
                 zeros = torch.zeros(input_ids.size(0), logits_to_keep, device=input_ids.device)
@@ -204,7 +210,7 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
                            completion_ids_list: list[list[int]]) -> Tensor:
-        p = self.dataflex_batch.current_pass
+        p = self._dfx_current_pass()
         if p is None:
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if p.kind == "replay":

@@ -14,7 +14,7 @@ from torch import Tensor
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..kit import AdvantageAction, DataflexError, RolloutOutcome, Step
-from . import replays
+from . import replays, vllm
 from .records import Kept, RoundData
 from .rows import BEHAVIOUR, MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, row_fields, trim
 
@@ -32,8 +32,8 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
     skip = outcome.skip_update
     wanted = runtime.fields("on_advantage") | runtime.fields("on_step_end")
     behaviour = bool(runtime.plan.replays) or "rollout_log_probs" in wanted
-    if behaviour:  # the behaviour log-probs (stored by a replay) are the old ones; the correction's pi_old
-        wanted = wanted | {"old_log_probs"}
+    if behaviour:  # the behaviour log-probs (stored by a replay; vLLM's, or the old ones); the correction's pi_old
+        wanted = wanted | {"old_log_probs", "rollout_log_probs"}
     batch = None
     if runtime.listens("on_advantage") or runtime.listens("on_step_end"):
         old_pass(trainer, out, layout, wanted)
@@ -44,8 +44,9 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
     rows = None
     if behaviour and batch is not None:
         fresh = len(kept) - (0 if replayed is None else len(replayed))
-        batch = batch.with_fields(rollout_log_probs=replays.behaviour_log_probs(batch["old_log_probs"], replayed,
-                                                                                fresh))
+        old = batch["old_log_probs"]
+        sampled = vllm.behaviour_log_probs(batch["rollout_log_probs"], old) if batch.has("rollout_log_probs") else old
+        batch = batch.with_fields(rollout_log_probs=replays.behaviour_log_probs(sampled, replayed, fresh))
         rows = replays.replay_rows(len(kept), fresh) if runtime.plan.replays else None
     action = step.advantage(batch, replay_rows=rows) if batch is not None and runtime.listens(
         "on_advantage") else AdvantageAction()
@@ -69,6 +70,9 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
             # replayed row's own mu); steps that replay nothing keep TRL's own ratio (bit-identical to TRL).
             old = action.fields.get("old_log_probs", batch["old_log_probs"])
             out["old_per_token_logps"] = processes.local(old, layout, width, 0.0)
+            # Rows whose PPO ratio is now taken against their behaviour log-probs: TRL's vLLM ratio stands down.
+            replaced = (old != batch["old_log_probs"]).any(dim=1, keepdim=True)
+            vllm.own_correction(out, processes.local(replaced, layout, 1, 0.0)[:, 0].bool())
             out[BEHAVIOUR] = processes.local(batch["rollout_log_probs"], layout, width, 0.0)
         if masked:
             # A token mask taking tokens out of every loss term (or dropped rows, removed below): TRL's

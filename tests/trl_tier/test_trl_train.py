@@ -338,3 +338,14 @@ def test_a_yaml_file_with_an_empty_dataflex_block_is_refused_at_construction(tmp
     with pytest.raises(ConfigError, match=r"'dataflex:' block is empty.*dataflex=None") as err:
         _construct(str(path))
     assert str(path) in str(err.value)
+
+
+def test_trl_s_hook_points_run_plain_trl_on_a_trainer_made_without_init(monkeypatch):
+    """TRL's own tests build a trainer with ``__new__`` and call ``_generate`` on it: the subclass's hook points
+    run TRL's code there (no dataflex state, no pass)."""
+    from trl import GRPOTrainer
+
+    trainer = DataflexGRPOTrainer.__new__(DataflexGRPOTrainer)
+    assert trainer._dfx_current_pass() is None
+    monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: ("plain", prompts))
+    assert trainer._generate(["p"]) == ("plain", ["p"])
