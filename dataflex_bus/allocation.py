@@ -3,22 +3,28 @@ a decision's per-prompt counts are carried out, before generation (:func:`carry_
 continuation rounds (:func:`continuation_counts`), and the step's ``dataflex/alloc/*`` metrics
 (:class:`AllocationStats`). Kept here, beside the kit's replay (:mod:`dataflex_bus.replay`), so the general
 carry-out (:mod:`dataflex_bus.carry`) and the metrics every host publishes (:mod:`dataflex_bus.step_metrics`)
-name no mechanism of the data flow."""
+name no mechanism of the data flow. :class:`AllocationPart` is allocation's hooks into the kit's step
+(:mod:`dataflex_bus.step_parts`): the one-draw prompt phase, continuation rounds, the step's metrics."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .carry import carry_out_prompts
 from .errors import BatchFieldError
+from .step_parts import StepPart
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from .batch import Batch
     from .decision import Decision
+    from .method import Method
+    from .runtime import Runtime
+    from .steps import Candidates, Chosen, Step
 
 
 def carry_out_counts(batch: Batch, decision: Decision, group_size: int) -> Tensor:
@@ -81,4 +87,66 @@ class AllocationStats:
         return out
 
 
-__all__ = ["AllocationStats", "carry_out_counts", "continuation_counts"]
+def allocator(runtime: Runtime, event: str) -> Method | None:
+    """The method allocating rollouts (mechanism ``allocate``) at ``event``, if one acts there."""
+    from .mechanisms.allocate import Allocator
+
+    if runtime.pipeline is None:
+        return None
+    return next((m for m in runtime.pipeline.at(event) if isinstance(m.actuator, Allocator)), None)
+
+
+class AllocationPart(StepPart):
+    """Allocation's part of one step: an allocator at ``on_prompts`` draws the step's candidates at once and
+    gives each its count of rollouts; one at ``on_rollout`` extends a round's groups (continuation rounds);
+    :attr:`stats`, the step's ``dataflex/alloc/*``."""
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        self.stats = AllocationStats()
+
+    def prompts(self, target: int, draw: Callable[[int], Candidates[Any]], chunk: int) -> Chosen[Any] | None:
+        """One draw of ``target`` candidates through ``on_prompts``; each gets its count of rollouts (0: not
+        generated), the budget spent on the candidates of this draw."""
+        from .fill import PromptCounts, add_class_counts
+        from .steps import Chosen
+
+        step = self.step
+        runtime = step.runtime
+        if allocator(runtime, "on_prompts") is None:
+            return None
+        if target % chunk:
+            raise ValueError(f"an allocation draws the step's {target} candidates at once, in whole draws of {chunk}")
+        got = draw(target)
+        batch = step.candidate_batch(got, target)
+        decision = runtime.emit("on_prompts", batch, step.index)
+        step.metrics.update(decision.metrics)
+        counts = carry_out_counts(batch, decision, int(runtime.host.group_size or 0))
+        if decision.skip_update:
+            step.skip_at_prompts = True
+        index = torch.nonzero(counts > 0).flatten()
+        c = PromptCounts(considered=target, skipped=target - int(index.numel()), generated=int(index.numel()),
+                         draws=1)
+        add_class_counts(c, batch, counts > 0)
+        step.prompt_counts += c
+        step.kit.counters.add(considered_prompts=target)
+        self.stats.candidates(counts)
+        return Chosen([got.items], index, counts[index], drawn=target)
+
+    def continues(self) -> bool:
+        return allocator(self.step.runtime, "on_rollout") is not None
+
+    def more(self, batch: Batch, decision: Decision) -> Tensor | None:
+        return continuation_counts(batch, decision)
+
+    def extended(self, batch: Batch) -> None:
+        self.stats.continued += int(torch.unique(batch.group_index[batch.valid_rows]).numel())
+
+    def round_done(self, batch: Batch) -> None:
+        self.stats.groups(batch.group_sizes)
+
+    def end(self, out: dict[str, float]) -> None:
+        out.update(self.stats.metrics())
+
+
+__all__ = ["AllocationPart", "AllocationStats", "allocator", "carry_out_counts", "continuation_counts"]

@@ -91,7 +91,7 @@ class AdvantageAction:
     found empty and ``restored_rows`` the dropped rows ``on_empty=keep_all`` put back.
 
     ``store`` (bool ``[B]``): the rows a replay method stores in the run's buffer; the host hands their
-    fields to ``Step.store`` (``None``: nothing to store).
+    fields to ``ReplayPart.store`` (``None``: nothing to store).
     """
 
     fields: dict[str, Tensor] = field(default_factory=dict)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .allocation import continuation_counts
 from .batch import Batch
 from .carry import carry_out_rollout, first_group
 from .decision import Decision
@@ -139,8 +138,8 @@ class Generation:
         self.fill = GroupFill(target, refill) if refill is not None else None
         self.rounds: list[tuple[Batch, Decision]] = []
         self._asked = False
-        #: An allocator acting at on_rollout may extend a round's groups (continuation rounds).
-        self.continues = step.runtime.allocator("on_rollout") is not None
+        #: A part may extend a round's groups (continuation rounds: an allocator acting at on_rollout).
+        self.continues = any(part.continues() for part in step.parts.values())
         self._open: _OpenRound | None = None
 
     @property
@@ -201,7 +200,8 @@ class Generation:
         o = self._open
         if o is None:
             return None
-        per_group = continuation_counts(o.batch, o.decision)
+        per_group = next((more for part in self.step.parts.values()
+                          if (more := part.more(o.batch, o.decision)) is not None), None)
         if per_group is None:
             self._close()
             return None
@@ -226,7 +226,8 @@ class Generation:
         if merged.num_groups != o.batch.num_groups:
             raise BatchFieldError("dataflex allocate", "uid", "continuation rollouts must carry the uid of a group "
                                   "of the round they extend")
-        step.allocation.continued += int(torch.unique(batch.group_index[batch.valid_rows]).numel())
+        for part in step.parts.values():
+            part.extended(batch)
         o.batch, o.round = merged, o.round + 1
         o.decision = self._emit(merged, o.round)
         return o.decision
@@ -244,8 +245,8 @@ class Generation:
     def _round_done(self, batch: Batch, decision: Decision) -> None:
         if self.fill is not None:
             self.fill.add(kept_groups(batch, decision))
-        if self.step.runtime.plan.allocates:
-            self.step.allocation.groups(batch.group_sizes)
+        for part in self.step.parts.values():
+            part.round_done(batch)
         self.rounds.append((batch, decision))
 
     def finish(self) -> RolloutOutcome:
@@ -254,7 +255,7 @@ class Generation:
         the real rows removed."""
         self._close()
         outcome = self._outcome()
-        if self.step.skip_at_prompts:  # an allocation's on_empty=skip
+        if self.step.skip_at_prompts:  # the prompt phase's on_empty=skip (an allocation's)
             outcome.skip_update = True
         self.step.metrics["dataflex/removed_rows"] = float(outcome.removed)
         return outcome

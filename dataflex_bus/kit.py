@@ -10,6 +10,8 @@ this list to what the adapters use. Names load on first use (no torch at import)
   ``Candidates``, ``Chosen``, ``Step``, ``StepKit``, ``concat_rounds``, ``concat_rows``, ``Generation``,
   ``group_labels``, ``RolloutOutcome``, ``AdvantageAction``, ``skipped_summary``, ``domain_labels``,
   ``DomainSampler``, ``prepare_prompts``, ``PromptTable``, ``Record``, ``Replayed``, ``ObjectCheck``, ``pad_to``
+* the data-flow mechanisms' parts of a step and a run (:mod:`dataflex_bus.step_parts`): ``ReplayPart``,
+  ``ReplayRun``, ``allocator``
 * batches and their tensor helpers: ``Batch``, ``grpo_outcome_advantage``, ``segment_count``, ``segment_max``,
   ``segment_min``, ``segment_slots``, ``segment_sum``
 * the block, its validation and the host description: ``BLOCK_KEYS``, ``DataflexConfig``, ``METHOD_KEYS``,
@@ -57,6 +59,9 @@ _EXPORTS = {
     "PromptTable": "history",
     "Record": "replay",
     "Replayed": "replay",
+    "ReplayPart": "replay",
+    "ReplayRun": "replay",
+    "allocator": "allocation",
     "ObjectCheck": "replay_store",
     "pad_to": "replay_store",
     # batches and their tensor helpers

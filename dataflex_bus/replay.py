@@ -13,31 +13,40 @@ A rollout, once generated, can train more than one update. Two pieces make that 
   marked at ``on_advantage`` (:meth:`Replay.insert`) and computes the off-policy correction of the replayed
   rows (:meth:`Replay.correct`).
 
-The host kit's step drivers (:mod:`dataflex_bus.steps`: ``Step.fresh_prompts``, ``Step.replay``,
-``Step.advantage``, ``Step.store``) call these; a host only moves tensors.
+Replay plugs into the host kit through its parts (:mod:`dataflex_bus.step_parts`): :class:`ReplayRun` holds the
+run's :class:`Replay` (saved under ``replay``), :class:`ReplayPart` one step's: the host asks
+``ReplayPart.of(step)`` how many prompts to generate (:meth:`ReplayPart.fresh_prompts`), for the stored rows the
+step trains again (:meth:`ReplayPart.replay`) and hands it the rows marked at ``on_advantage``
+(:meth:`ReplayPart.store`); the step's ``on_advantage`` batch gets each row's version and the replayed rows their
+correction through the part's hooks. A host only moves tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import Tensor
 
 from .batch import Batch
-from .errors import BatchFieldError
+from .errors import BatchFieldError, ConfigError, ConfigIssue, DataflexError
 from .mechanisms.replay import VERSION_FIELD, ReplayPick, ReplayPool, ReplaySettings
 from .ops import segment_count, segment_max, segment_min
 from .packed import rows_of
 from .replay_store import Record, ReplayStore, pad_to, preallocated_bytes, take_rows
+from .step_parts import RunPart, StepPart
 
 if TYPE_CHECKING:
-    from .decision import ReplayDecision
+    from .carry import AdvantageAction
+    from .decision import Decision, ReplayDecision
     from .history import PromptTable
     from .host import HostDescription
     from .mechanisms.replay import Replayer
+    from .method import Method
+    from .runtime import Runtime
+    from .steps import Step
 
 #: Bound on ``|log pi_old - log mu|`` before exponentiating (verl's ``SAFETY_BOUND`` in rollout correction).
 LOG_RATIO_BOUND = 20.0
@@ -403,4 +412,147 @@ def _group_prompts(batch: Batch) -> Tensor:
     return torch.where(repeat, -1, prompts)
 
 
-__all__ = ["Record", "Replay", "ReplayStore", "Replayed", "preallocated_bytes"]
+class ReplayRun(RunPart):
+    """Replay's state for the run: :attr:`buffer`, the block's :class:`Replay`, once the host gave its prompt
+    table; saved under ``replay``."""
+
+    key: ClassVar[str] = "replay"
+    kept: ClassVar[str] = "a replay buffer"
+
+    def __init__(self, runtime: Runtime, method: Method) -> None:
+        super().__init__(runtime, method)
+        self.buffer: Replay | None = None
+
+    @property
+    def settings(self) -> ReplaySettings:
+        """What the replay method asks of the host, known before the prompt table (a host sizes its prompt
+        fetches by ``fresh_fraction``)."""
+        return cast("Replayer", self.method.actuator).settings()
+
+    def set_prompts(self, table: PromptTable) -> None:
+        self.buffer = Replay(self.method, table, self.runtime.host)
+
+    def state_dict(self) -> Any:
+        return None if self.buffer is None else self.buffer.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        if self.buffer is None:
+            raise ConfigError(ConfigIssue("dataflex", "the host restores a replay buffer before giving the runtime its "
+                                          "prompt table (Runtime.set_prompts)"))
+        if state is None:
+            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a replay buffer is "
+                                          "kept"))
+        self.buffer.load_state_dict(state)
+
+
+class ReplayPart(StepPart):
+    """Replay's part of one step: what it replays (:attr:`replayed`) and what waits to be stored."""
+
+    def __init__(self, step: Step) -> None:
+        super().__init__(step)
+        run = ReplayRun.of(step.runtime)
+        self.buffer = None if run is None else run.buffer
+        self.replayed: Replayed | None = None
+        #: Each on_advantage row's index in :attr:`replayed` (-1: fresh), set by a host before
+        #: ``Step.advantage`` (``None``: the batch's own ``replay_row`` field, else every row fresh).
+        self.rows: Tensor | None = None
+        self._plan: tuple[int, int] | None = None
+        self._asked = False
+        self._to_store: tuple[Batch, ReplayDecision] | None = None
+
+    def fresh_prompts(self, target: int) -> int:
+        """How many of the step's ``target`` prompts to generate: all of them, less the stored groups the
+        replay method puts in their place (unit ``group``, DOTS's fresh share; planned once per step)."""
+        replay, step = self.buffer, self.step
+        if replay is None:
+            return target
+        if self._plan is None:
+            step.metrics.update(replay.maintain(step.index))
+            self._plan = (target, replay.plan(step.index, target))
+        elif self._plan[0] != target:
+            raise ValueError(f"ReplayPart.fresh_prompts: step {step.index} was planned for {self._plan[0]} prompts, "
+                             f"now asked for {target}")
+        fresh = target - self._plan[1]
+        step.metrics["dataflex/replay/fresh_prompts"] = float(fresh)
+        return fresh
+
+    def replay(self, fresh: Batch) -> Replayed | None:
+        """The stored rows this step trains on again (``None``: none; the step trains fresh rows only, counted in
+        ``dataflex/replay/empty``), given the ``fresh`` rows it goes on with after the on_rollout carry-out (with
+        ``prompt_index``). Call it before the old log-probs: the host appends the rows (the shim:
+        :meth:`Replayed.append_to`; verl writes them to TransferQueue) so its old-log-prob, reference and
+        advantage passes see them."""
+        replay, step = self.buffer, self.step
+        if replay is None:
+            return None
+        step.metrics.update(replay.maintain(step.index))
+        planned = 0 if self._plan is None else self._plan[1]
+        self._asked = True
+        self.replayed, metrics = replay.retrieve(step.index, fresh, planned)
+        step.metrics.update(metrics)
+        return self.replayed
+
+    def store(self, payload: Mapping[str, Tensor] | None = None, *, lengths: Mapping[str, Tensor] | None = None,
+              objects: Sequence[Any] | None = None) -> None:
+        """Store the rows the replay method marked at ``on_advantage`` (:attr:`AdvantageAction.store`): the
+        host's fields of exactly those rows, in batch order (``payload``: dense ``[n, w]``; ``lengths``: each row's
+        length per field, where the host needs it back; ``objects``: per-row values the host keeps beside). Without
+        ``payload`` they are read from the on_advantage batch (a host whose batch holds them, the shim)."""
+        replay, pending = self.buffer, self._to_store
+        if replay is None or pending is None:
+            return
+        batch, decision = pending
+        self._to_store = None
+        if payload is None:
+            rows = decision.store & batch.valid_rows
+            names = replay.payload_fields if replay.payload_fields is not None else ()
+            payload = {name: batch[name][rows] for name in names}
+        self.step.metrics.update(replay.insert(batch, decision, self.step.index, payload, lengths, objects))
+
+    def advantage_batch(self, batch: Batch) -> Batch:
+        """``batch`` with ``replay_version`` (the step each row was generated at) and, for a weighted pick,
+        ``replay_weight`` on every row, each row placed by :attr:`rows`."""
+        if self.buffer is None:
+            return batch
+        replay_rows = self.rows if self.rows is not None else batch.get("replay_row")
+        rows = torch.full((len(batch),), -1, dtype=torch.long) if replay_rows is None else replay_rows.to(torch.long)
+        rows = torch.where(batch.valid_rows, rows, -1)
+        version = torch.full((len(batch),), self.step.index, dtype=torch.long)
+        fields: dict[str, Tensor] = {}
+        rep = self.replayed
+        if bool((rows >= 0).any()):
+            if rep is None or int(rows.max()) >= len(rep):
+                raise DataflexError(f"dataflex replay: the on_advantage batch of step {self.step.index} names "
+                                    "replayed rows this step never replayed (ReplayPart.replay)")
+            mine = rows >= 0
+            version[mine] = rep.record.version[rows[mine]]
+            if rep.weights is not None:
+                weight = torch.ones(len(batch), dtype=torch.float32)
+                weight[mine] = rep.weights[rows[mine]]
+                fields["replay_weight"] = weight
+        fields[VERSION_FIELD] = version
+        return batch.with_fields(**fields)
+
+    def after_advantage(self, batch: Batch, decision: Decision, action: AdvantageAction) -> None:
+        """The replayed rows corrected for being off-policy (:meth:`Replay.correct`); :attr:`AdvantageAction.store`
+        marks the rows to hand to :meth:`store`."""
+        replay = self.buffer
+        if replay is None:
+            return
+        if not action.skip_update:
+            action.fields.update(replay.correct(batch, action.fields.get("rollout_is_weights"), self.step.index))
+        # A step that never reached replay() (its update skipped at on_rollout) stores nothing: the kit learns
+        # there which of the host's fields a row is stored with.
+        if self._asked and decision.replay is not None and bool(decision.replay.store.any()):
+            action.store = decision.replay.store
+            self._to_store = (batch, decision.replay)
+
+    def end(self, out: dict[str, float]) -> None:
+        if self._to_store is not None:
+            raise DataflexError(f"dataflex replay: step {self.step.index} marked rows to store at on_advantage, but "
+                                "the host never handed them to ReplayPart.store")
+        if self.buffer is not None:
+            out["dataflex/replay/trained_rows"] = float(self.step.again_rows)
+
+
+__all__ = ["Record", "Replay", "ReplayPart", "ReplayRun", "ReplayStore", "Replayed", "preallocated_bytes"]

@@ -23,11 +23,10 @@ from .discovery import PluginSet, get_plugins
 from .errors import ConfigError, ConfigIssue
 from .hookspecs import EVENTS
 from .host import ANY_HOST, HostDescription
-from .mechanisms.allocate import Allocator
-from .mechanisms.replay import Replayer, ReplaySettings
 from .mechanisms.select import Selector
 from .pipeline import Pipeline, build_pipeline
 from .plan import Plan
+from .step_parts import RunPart, StepPart, parts_of, run_part_classes
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -35,9 +34,7 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .block import RefillConfig
     from .history import PromptHistory, PromptTable
-    from .method import Method
     from .predictor import PredictorRun
-    from .replay import Replay
     from .visits import VisitClasses, Visits
 
 log = logging.getLogger("dataflex_bus")
@@ -80,8 +77,11 @@ class Runtime:
             log.warning("dataflex: %s", warning_text(warning))
         self.prompt_table: PromptTable | None = None
         self.history: PromptHistory | None = None
-        #: The block's replay (its buffer), once the host gave its prompt table (:meth:`set_prompts`).
-        self.replay: Replay | None = None
+        #: The data-flow mechanisms' parts (:mod:`dataflex_bus.step_parts`): each step's, and the run's by key.
+        self.step_parts: tuple[type[StepPart], ...]
+        step_parts, run_parts = parts_of(self.pipeline)
+        self.step_parts = step_parts
+        self.parts: dict[str, RunPart] = {cls.key: cls(self, method) for cls, method in run_parts}
         from .logs import get_logger
 
         # One short line; the full provenance goes to the host's run record (record()).
@@ -117,12 +117,6 @@ class Runtime:
             return []
         return [f"{m.name}: {m.scorer.name}+{m.actuator.name} @ {m.event}" for m in self.pipeline.methods]
 
-    def allocator(self, event: str) -> Method | None:
-        """The method allocating rollouts (mechanism ``allocate``) at ``event``, if one acts there."""
-        if self.pipeline is None:
-            return None
-        return next((m for m in self.pipeline.at(event) if isinstance(m.actuator, Allocator)), None)
-
     @property
     def candidates_per_prompt(self) -> float:
         """Candidates a pre-rollout selection wants to see per prompt it keeps, in one draw (a top-B selector's
@@ -133,18 +127,6 @@ class Runtime:
                   if isinstance(m.actuator, Selector)]
         return min(max(wanted, default=1.0), self.max_oversample)
 
-    @property
-    def replay_settings(self) -> ReplaySettings | None:
-        """What the block's replay method asks of the host (``None`` without one), known before
-        :meth:`set_prompts` (a host sizes its prompt fetches by ``fresh_fraction``)."""
-        method = self._replay_method()
-        return None if method is None else cast(Replayer, method.actuator).settings()
-
-    def _replay_method(self) -> Method | None:
-        """The method whose actuator is a replayer (a block holds at most one)."""
-        if self.pipeline is None:
-            return None
-        return next((m for m in self.pipeline.methods if isinstance(m.actuator, Replayer)), None)
 
     @property
     def max_oversample(self) -> float:
@@ -222,11 +204,8 @@ class Runtime:
             self._own_prompt_states(self.history)
         if self.predictor is not None:
             self.predictor.bind(len(table))
-        method = self._replay_method()
-        if method is not None:
-            from .replay import Replay
-
-            self.replay = Replay(method, table, self.host)
+        for part in self.parts.values():
+            part.set_prompts(table)
 
     def _own_prompt_states(self, history: PromptHistory) -> None:
         """Give every component that owns per-prompt state its place in the history; its updates run under
@@ -345,8 +324,9 @@ class Runtime:
         out: dict[str, Any] = {"pipeline": self.pipeline.state_dict() if self.pipeline else None}
         if self.history is not None:
             out["history"] = self.history.state_dict()
-        if self.replay is not None:
-            out["replay"] = self.replay.state_dict()
+        for key, part in self.parts.items():
+            if (saved := part.state_dict()) is not None:
+                out[key] = saved
         if self.predictor is not None:
             out["predictor"] = self.predictor.state_dict()
         return out
@@ -372,15 +352,13 @@ class Runtime:
                                           "history is kept"))
         if self.history is not None and history is not None:
             self.history.load_state_dict(history)
-        replay = state.get("replay")
-        if self.plan.replays and self.replay is None:
-            raise ConfigError(ConfigIssue("dataflex", "the host restores a replay buffer before giving the runtime its "
-                                          "prompt table (Runtime.set_prompts)"))
-        if (replay is None) != (self.replay is None):
-            raise ConfigError(ConfigIssue("dataflex", "checkpoint and config disagree on whether a replay buffer is "
-                                          "kept"))
-        if self.replay is not None and replay is not None:
-            self.replay.load_state_dict(replay)
+        for cls in run_part_classes():
+            part = self.parts.get(cls.key)
+            if part is not None:
+                part.load_state_dict(state.get(cls.key))
+            elif state.get(cls.key) is not None:
+                raise ConfigError(ConfigIssue("dataflex", f"checkpoint and config disagree on whether {cls.kept} is "
+                                              "kept"))
         if self.predictor is not None:
             if state.get("predictor") is None:
                 raise ConfigError(ConfigIssue("dataflex.predictor", "the checkpoint holds no predictor state"))

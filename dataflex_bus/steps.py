@@ -11,16 +11,17 @@ framework's step order, and calls these drivers at each point of a step::
         chosen = step.prompts(n, draw)           # candidates drawn, on_prompts, over-sampling, counts
         batch = <generate chosen.counts[i] rollouts (None: the group size) of each chosen prompt, rewarded>
         gen.add(batch)                           # counters, history, on_rollout, refill bookkeeping
-        while (more := gen.continuation()) is not None:   # an allocator asked for more rollouts (SPEED)
+        while (more := gen.continuation()) is not None:   # a part asked for more rollouts (SPEED's allocator)
             gen.extend(<more.counts[i] more rollouts of the prompt of row more.rows[i], its uid, rewarded>)
     outcome = gen.finish()                       # the rows to go on with, per round; skip the update?
     action = step.advantage(batch)               # on_advantage, carried out (weights, drops, advantages)
     step.trained(...)                            # what the update trained on (counters, metrics)
     metrics = step.end(batch)                    # on_step_end (mixers), the history's step, every metric
 
-With a replay method (:mod:`dataflex_bus.replay`) the host also asks ``step.fresh_prompts(n)`` how many of the
-step's ``n`` prompts to generate (the rest come from the buffer), adds ``step.replay(fresh)``'s rows to the batch
-before its old log-probs, and after ``step.advantage`` hands the marked rows' fields to ``step.store``.
+A data-flow mechanism plugs into the step through its part (:mod:`dataflex_bus.step_parts`: :attr:`Step.parts`,
+one per such method of the block); the step calls the parts' hooks and names no mechanism. A host reaches a
+part's own calls through it (``ReplayPart.of(step)``: how many prompts to generate, the stored rows to add before
+the old log-probs, the marked rows to store after :meth:`Step.advantage`).
 
 A host whose framework generates by itself (verl's agent loop and replay buffer) calls only the parts it
 reaches: ``gen.add`` where its rollouts are rewarded, ``step.prompts`` where its prompts are fetched. The
@@ -40,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import torch
 
-from .allocation import AllocationStats, carry_out_counts
 from .batch import Batch
 from .carry import (
     AdvantageAction,
@@ -49,8 +49,7 @@ from .carry import (
     minibatch_index,
     sampling_probabilities,
 )
-from .errors import DataflexError
-from .fill import PromptCounts, PromptFill, add_class_counts
+from .fill import PromptCounts, PromptFill
 from .generation import (
     Continuation,
     Generation,
@@ -61,15 +60,13 @@ from .generation import (
 )
 from .generation import group_labels as group_labels
 from .host import MINIBATCH_INDEX
-from .mechanisms.replay import VERSION_FIELD
 from .step_metrics import Counters, RolloutStats, count_prompt_tokens, trained_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from .decision import ReplayDecision
-    from .replay import Replayed
     from .runtime import Runtime
+    from .step_parts import StepPart
 
 T = TypeVar("T")
 log = logging.getLogger("dataflex_bus")
@@ -118,16 +115,13 @@ class Step:
         self.rollout = RolloutStats()
         self.generated_rows = 0
         self.trained_rows = 0
-        self.replayed_rows = 0
+        #: Rows trained again, not generated (stored rows a part added: ``compute/replayed_rows``).
+        self.again_rows = 0
         self.skip_update = False
-        #: What the step replays (``Step.replay``) and what waits to be stored (``Step.advantage``).
-        self.replayed: Replayed | None = None
-        self._replay_plan: tuple[int, int] | None = None
-        self._replay_asked = False
-        self._to_store: tuple[Batch, ReplayDecision] | None = None
-        self.allocation = AllocationStats()
-        #: An allocation at on_prompts kept nothing and on_empty=skip: the step's update is skipped.
+        #: The prompt phase kept nothing and its on_empty is skip: the step's update is skipped.
         self.skip_at_prompts = False
+        #: The block's data-flow parts for this step, by class (:meth:`StepPart.of`), in method order.
+        self.parts: dict[type[StepPart], StepPart] = {cls: cls(self) for cls in self.runtime.step_parts}
 
     # ------------------------------------------------------------------ prompts
     def domain_probabilities(self, domains: Sequence[str]) -> Tensor:
@@ -145,8 +139,9 @@ class Step:
         bounded over-sampling, then skipped candidates fill the shortfall)."""
         runtime = self.runtime
         counts = self.prompt_counts
-        if runtime.allocator("on_prompts") is not None:
-            return self._allocated(target, draw, chunk)
+        for part in self.parts.values():
+            if (by_part := part.prompts(target, draw, chunk)) is not None:
+                return by_part
         if not runtime.plan.before_generation:
             got = draw(target)
             counts.considered += target
@@ -161,7 +156,7 @@ class Step:
         while (n := fill.request()) > 0:
             got = draw(n)
             total += n
-            batch = self._candidates(got, fill.target - fill.kept)
+            batch = self.candidate_batch(got, fill.target - fill.kept)
             decision = runtime.emit("on_prompts", batch, self.index)
             self.metrics.update(decision.metrics)
             fill.add(carry_out_prompts(batch, decision), batch)
@@ -186,34 +181,12 @@ class Step:
         return {"budget_rollouts": torch.tensor(prompts * group_size), "budget_prompts": torch.tensor(prompts),
                 "budget_group_size": torch.tensor(group_size)}
 
-    def _candidates(self, got: Candidates[Any], needed: int) -> Batch:
+    def candidate_batch(self, got: Candidates[Any], needed: int) -> Batch:
         """The ``on_prompts`` batch of one draw, ``needed`` prompts still wanted from it."""
         if got.domain_ids is None or got.rows is None:
             raise ValueError("a prompt selection needs each candidate's prompt id: draw() must return "
                              "Candidates(items, domain_ids, rows)")
         return self.runtime.prompt_candidates(got.domain_ids, got.rows).with_fields(**self.budget_fields(needed))
-
-    def _allocated(self, target: int, draw: Callable[[int], Candidates[T]], chunk: int) -> Chosen[T]:
-        """:meth:`prompts` under an allocation: one draw of ``target`` candidates through ``on_prompts``; each
-        gets its count of rollouts (0: not generated), the budget spent on the candidates of this draw."""
-        if target % chunk:
-            raise ValueError(f"an allocation draws the step's {target} candidates at once, in whole draws of {chunk}")
-        runtime = self.runtime
-        got = draw(target)
-        batch = self._candidates(got, target)
-        decision = runtime.emit("on_prompts", batch, self.index)
-        self.metrics.update(decision.metrics)
-        counts = carry_out_counts(batch, decision, int(runtime.host.group_size or 0))
-        if decision.skip_update:
-            self.skip_at_prompts = True
-        index = torch.nonzero(counts > 0).flatten()
-        c = PromptCounts(considered=target, skipped=target - int(index.numel()), generated=int(index.numel()),
-                         draws=1)
-        add_class_counts(c, batch, counts > 0)
-        self.prompt_counts += c
-        self.kit.counters.add(considered_prompts=target)
-        self.allocation.candidates(counts)
-        return Chosen([got.items], index, counts[index], drawn=target)
 
     # ------------------------------------------------------------------ generation
     def generation(self, target: int) -> Generation:
@@ -247,93 +220,16 @@ class Step:
         for key, value in self.runtime.record_rollouts(batch, self.index).items():
             self.metrics[key] = self.metrics.get(key, 0.0) + value
 
-    # ------------------------------------------------------------------ replay
-    def fresh_prompts(self, target: int) -> int:
-        """How many of the step's ``target`` prompts to generate: all of them, less the stored groups a replay
-        method puts in their place (unit ``group``, DOTS's fresh share; planned once per step)."""
-        replay = self.runtime.replay
-        if replay is None:
-            return target
-        if self._replay_plan is None:
-            self.metrics.update(replay.maintain(self.index))
-            self._replay_plan = (target, replay.plan(self.index, target))
-        elif self._replay_plan[0] != target:
-            raise ValueError(f"Step.fresh_prompts: step {self.index} was planned for {self._replay_plan[0]} prompts, "
-                             f"now asked for {target}")
-        fresh = target - self._replay_plan[1]
-        self.metrics["dataflex/replay/fresh_prompts"] = float(fresh)
-        return fresh
-
-    def replay(self, fresh: Batch) -> Replayed | None:
-        """The stored rows this step trains on again (``None``: none; the step trains fresh rows only, counted in
-        ``dataflex/replay/empty``), given the ``fresh`` rows it goes on with after the on_rollout carry-out (with
-        ``prompt_index``). Call it before the old log-probs: the host appends the rows (the shim:
-        :meth:`Replayed.append_to`; verl writes them to TransferQueue) so its old-log-prob, reference and
-        advantage passes see them."""
-        replay = self.runtime.replay
-        if replay is None:
-            return None
-        self.metrics.update(replay.maintain(self.index))
-        planned = 0 if self._replay_plan is None else self._replay_plan[1]
-        self._replay_asked = True
-        self.replayed, metrics = replay.retrieve(self.index, fresh, planned)
-        self.metrics.update(metrics)
-        return self.replayed
-
-    def _with_replay_fields(self, batch: Batch, replay_rows: Tensor | None) -> Batch:
-        """``batch`` with ``replay_version`` (the step each row was generated at) and, for a weighted pick,
-        ``replay_weight`` on every row; ``replay_rows``: each row's index in :attr:`replayed` (-1: fresh), else
-        the batch's own ``replay_row`` field, else every row fresh."""
-        if replay_rows is None:
-            replay_rows = batch.get("replay_row")
-        rows = torch.full((len(batch),), -1, dtype=torch.long) if replay_rows is None else replay_rows.to(torch.long)
-        rows = torch.where(batch.valid_rows, rows, -1)
-        version = torch.full((len(batch),), self.index, dtype=torch.long)
-        fields: dict[str, Tensor] = {}
-        rep = self.replayed
-        if bool((rows >= 0).any()):
-            if rep is None or int(rows.max()) >= len(rep):
-                raise DataflexError(f"dataflex replay: the on_advantage batch of step {self.index} names replayed rows "
-                                    "this step never replayed (Step.replay)")
-            mine = rows >= 0
-            version[mine] = rep.record.version[rows[mine]]
-            if rep.weights is not None:
-                weight = torch.ones(len(batch), dtype=torch.float32)
-                weight[mine] = rep.weights[rows[mine]]
-                fields["replay_weight"] = weight
-        fields[VERSION_FIELD] = version
-        return batch.with_fields(**fields)
-
-    def store(self, payload: Mapping[str, Tensor] | None = None, *, lengths: Mapping[str, Tensor] | None = None,
-              objects: Sequence[Any] | None = None) -> None:
-        """Store the rows the replay method marked at ``on_advantage`` (:attr:`AdvantageAction.store`): the
-        host's fields of exactly those rows, in batch order (``payload``: dense ``[n, w]``; ``lengths``: each row's
-        length per field, where the host needs it back; ``objects``: per-row values the host keeps beside). Without
-        ``payload`` they are read from the on_advantage batch (a host whose batch holds them, the shim)."""
-        replay = self.runtime.replay
-        pending = self._to_store
-        if replay is None or pending is None:
-            return
-        batch, decision = pending
-        self._to_store = None
-        if payload is None:
-            rows = decision.store & batch.valid_rows
-            names = replay.payload_fields if replay.payload_fields is not None else ()
-            payload = {name: batch[name][rows] for name in names}
-        self.metrics.update(replay.insert(batch, decision, self.index, payload, lengths, objects))
-
     # ------------------------------------------------------------------ advantage and update
     def advantage(self, batch: Batch, *, blocks: Tensor | None = None,
-                  block_multiple: int | None = None, replay_rows: Tensor | None = None) -> AdvantageAction:
+                  block_multiple: int | None = None) -> AdvantageAction:
         """``on_advantage`` emitted (when anyone listens) and carried out on ``batch`` (see
-        :func:`~dataflex_bus.carry.carry_out_advantage` for ``blocks``). With a replay method: ``replay_rows``
-        (long ``[B]``) is each row's index in :attr:`replayed` (-1: fresh; default the batch's ``replay_row``),
-        the replayed rows are corrected for being off-policy (:meth:`Replay.correct`) and
-        :attr:`AdvantageAction.store` marks the rows to hand to :meth:`store`. A method reading each row's
-        mini-batch gets ``minibatch_index`` from ``blocks`` (without blocks the batch is one mini-batch)."""
-        replay = self.runtime.replay
-        if replay is not None:
-            batch = self._with_replay_fields(batch, replay_rows)
+        :func:`~dataflex_bus.carry.carry_out_advantage` for ``blocks``); the parts add their fields to the batch
+        first (:meth:`StepPart.advantage_batch`) and see the action after (:meth:`StepPart.after_advantage`:
+        a replay's correction, the rows to store). A method reading each row's mini-batch gets
+        ``minibatch_index`` from ``blocks`` (without blocks the batch is one mini-batch)."""
+        for part in self.parts.values():
+            batch = part.advantage_batch(batch)
         if not self.runtime.listens("on_advantage"):
             return AdvantageAction()
         if MINIBATCH_INDEX in self.runtime.fields("on_advantage") and MINIBATCH_INDEX not in batch.fields:
@@ -341,14 +237,8 @@ class Step:
         decision = self.runtime.emit("on_advantage", batch, self.index)
         self.metrics.update(decision.metrics)
         action = carry_out_advantage(batch, decision, blocks=blocks, block_multiple=block_multiple)
-        if replay is not None:
-            if not action.skip_update:
-                action.fields.update(replay.correct(batch, action.fields.get("rollout_is_weights"), self.index))
-            # A step that never reached Step.replay (its update skipped at on_rollout) stores nothing: the kit
-            # learns there which of the host's fields a row is stored with.
-            if self._replay_asked and decision.replay is not None and bool(decision.replay.store.any()):
-                action.store = decision.replay.store
-                self._to_store = (batch, decision.replay)
+        for part in self.parts.values():
+            part.after_advantage(batch, decision, action)
         if blocks is not None:
             self.metrics["dataflex/empty_minibatches"] = float(action.empty_blocks)
             if action.empty_blocks:
@@ -361,13 +251,13 @@ class Step:
                 replayed: Tensor | None = None) -> None:
         """What the update trains on: ``trained`` (bool ``[B]``), each row's loss-mask ``tokens``, its reward,
         response length and group index (``dataflex/trained/*``, ``compute/trained_*``); ``replayed`` (bool
-        ``[B]``): the rows a replay added (trained, not generated: ``compute/replayed_rows``)."""
+        ``[B]``): the stored rows a part added (trained, not generated: ``compute/replayed_rows``)."""
         out = trained_metrics(trained, tokens, rewards, lengths, groups)
         self.metrics.update(out)
         rows = int(out["dataflex/trained/rows"])
         again = 0 if replayed is None else int((trained & replayed).sum())
         self.trained_rows += rows
-        self.replayed_rows += again
+        self.again_rows += again
         self.kit.counters.add(trained_rows=rows, trained_tokens=int(out["dataflex/trained/tokens"]),
                               trained_groups=int(out["dataflex/trained/groups"]), replayed_rows=again)
 
@@ -379,9 +269,9 @@ class Step:
         mask = batch.get("loss_mask")
         tokens = (batch["response_mask"] if mask is None else mask).ne(0).sum(dim=1)
         rows = batch if generated is None else generated
-        replay = batch.get("replay_row")
+        again = batch.get("replay_row")
         self.trained(batch.valid_rows & (tokens > 0), tokens, rows.rewards, rows.lengths, batch.group_index,
-                     replayed=None if replay is None else replay >= 0)
+                     replayed=None if again is None else again >= 0)
 
     def skipped(self) -> None:
         """The step's update was skipped (an empty selection, every mini-batch emptied, ...)."""
@@ -399,24 +289,19 @@ class Step:
             self.metrics.update(decision.metrics)
         else:
             runtime.end_step(self.index)
-        if self._to_store is not None:
-            raise DataflexError(f"dataflex replay: step {self.index} marked rows to store at on_advantage, but the "
-                                "host never handed them to Step.store")
         counters = self.kit.counters
         if self.skip_update:
             counters.skipped_updates += 1
         # Replayed rows are trained, not generated: the fresh rows trained are what generation paid for.
-        fresh_trained = self.trained_rows - self.replayed_rows
+        fresh_trained = self.trained_rows - self.again_rows
         counters.add(dropped_rows=self.generated_rows - fresh_trained)
         out = {"dataflex/trained/rows": 0.0, "dataflex/trained/groups": 0.0, "dataflex/trained/tokens": 0.0,
                **self.metrics}
         out.update(self.rollout.metrics())
         if runtime.plan.before_generation:
             out.update(self.prompt_counts.metrics())
-        if runtime.replay is not None:
-            out["dataflex/replay/trained_rows"] = float(self.replayed_rows)
-        if runtime.plan.allocates:
-            out.update(self.allocation.metrics())
+        for part in self.parts.values():
+            part.end(out)
         out["dataflex/kept_fraction"] = fresh_trained / self.generated_rows if self.generated_rows else 0.0
         out["dataflex/skipped_update"] = float(self.skip_update)
         out.update(counters.metrics())

@@ -136,6 +136,7 @@ class Allocate(Mechanism):
     per_block_reason: ClassVar[str] = "one allocator: the counts of two would not compose"
     before_generation: ClassVar[bool] = True
     drops_rows: ClassVar[bool] = True
+    step_part: ClassVar[str] = "dataflex_bus.allocation:AllocationPart"
 
     def events(self, actuator: type[Actuator]) -> dict[str, str]:
         out = {}

@@ -141,6 +141,10 @@ class Mechanism:
     samples_domains: ClassVar[bool] = False
     #: May run beside ``dataflex.refill`` (a mechanism that decides how many prompts a step generates may not).
     refill_compatible: ClassVar[bool] = True
+    #: A data-flow mechanism's parts in the host kit, ``"module:Class"`` (:mod:`dataflex_bus.step_parts`; a
+    #: string, so the registry imports no kit): its hooks into each step, its state for the run ("": none).
+    step_part: ClassVar[str] = ""
+    run_part: ClassVar[str] = ""
 
     def event(self, scorer: type[Scorer], actuator: type[Actuator]) -> str:
         """The bus event a method acts at: the latest of its scorer's timing and its actuator's earliest."""

@@ -184,6 +184,8 @@ class Replay(Mechanism):
     per_block: ClassVar[int | None] = 1
     per_block_reason: ClassVar[str] = "one replayer (the bus keeps one buffer of past rollouts per run)"
     refill_compatible: ClassVar[bool] = False
+    step_part: ClassVar[str] = "dataflex_bus.replay:ReplayPart"
+    run_part: ClassVar[str] = "dataflex_bus.replay:ReplayRun"
 
     def event(self, scorer: type[Scorer], actuator: type[Actuator]) -> str:
         return "on_advantage"

@@ -33,6 +33,7 @@ from ..kit import (
     Chosen,
     ConfigError,
     DataflexError,
+    ReplayPart,
     Runtime,
     Step,
     StepKit,
@@ -161,7 +162,9 @@ class ShimTrainer:
         whether to skip the update. With ``dataflex.refill``, rounds until the on_rollout selection kept a
         full batch."""
         # A replay method may fill part of the step from its buffer (DOTS's fresh share): fewer prompts generated.
-        gen = step.generation(step.fresh_prompts(self.t["prompts_per_step"]))
+        replay = ReplayPart.of(step)
+        target = self.t["prompts_per_step"]
+        gen = step.generation(replay.fresh_prompts(target) if replay is not None else target)
         rounds: list[Batch] = []
         while (n := gen.request()) > 0:
             chosen = step.prompts(n, lambda k: self._candidates(probs, k))
@@ -227,7 +230,8 @@ class ShimTrainer:
         self._learnable_reward(generated, metrics)
         if not skip:
             # Stored rows of past steps join before the old log-probs, which are computed for them too.
-            replayed = step.replay(batch)
+            replay = ReplayPart.of(step)
+            replayed = replay.replay(batch) if replay is not None else None
             if replayed is not None:
                 batch = replayed.append_to(batch)
 
@@ -236,7 +240,8 @@ class ShimTrainer:
         metrics["time/logprob_s"] = time.perf_counter() - tick
 
         action = step.advantage(batch)
-        step.store()  # the rows a replay method marked (their fields are all in this batch)
+        if (replay := ReplayPart.of(step)) is not None:
+            replay.store()  # the rows the replay method marked (their fields are all in this batch)
         generated = batch if action.keep is None else batch.select(action.keep)
         batch, skipped = apply_advantage(batch, action)
         skip = skip or skipped or len(batch) == 0

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..kit import Candidates, DataflexError, RolloutOutcome, Step, concat_rows
+from ..kit import Candidates, DataflexError, ReplayPart, RolloutOutcome, Step, concat_rows
 from . import replays
 from .advantages import trl_advantages
 from .processes import unlog_padding
@@ -41,7 +41,9 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
     settings = trainer.dataflex_settings
     probs = step.domain_probabilities(settings.domains or []) if trainer.dataflex.plan.samples_domains else None
     # A replay method may fill part of the step from its store (DOTS's fresh share): fewer prompts generated.
-    gen = trainer.dataflex_batch.gen = step.generation(step.fresh_prompts(trainer.dataflex_settings.target))
+    replay = ReplayPart.of(step)
+    target = trainer.dataflex_settings.target
+    gen = trainer.dataflex_batch.gen = step.generation(replay.fresh_prompts(target) if replay is not None else target)
     trainer.dataflex_batch.fillers = 0
     rounds: list[RoundData] = []
     out: dict[str, Any] | None = None
@@ -85,10 +87,11 @@ def generation_batch(trainer: DataflexGRPOTrainer, inputs: list[dict[str, Any]])
 
 def with_replayed(trainer: DataflexGRPOTrainer, step: Step, rounds: list[RoundData],
                   kept: Kept) -> tuple[list[RoundData], Kept]:
-    """The stored rows the step replays (``Step.replay``) joined to its kept rows as one more round
+    """The stored rows the step replays (``ReplayPart.replay``) joined to its kept rows as one more round
     (:mod:`~dataflex_bus.trl.replays`)."""
     batches = trainer.dataflex_settings.batches
-    replayed = step.replay(replays.fresh_batch(rounds, kept, batches))
+    replay = ReplayPart.of(step)
+    replayed = replay.replay(replays.fresh_batch(rounds, kept, batches)) if replay is not None else None
     if replayed is None:
         return rounds, kept
     stored = replays.stored_round(replayed, rounds[0], batches)

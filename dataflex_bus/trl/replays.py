@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 
 def fresh_batch(rounds: Sequence[RoundData], kept: Kept, batches: BatchMaker) -> Batch:
-    """The fresh rows a step goes on with, as :meth:`Step.replay <dataflex_bus.steps.Step.replay>` reads them:
-    their groups (numbered as :func:`joined` numbers them) and prompt ids."""
+    """The fresh rows a step goes on with, as :meth:`ReplayPart.replay <dataflex_bus.replay.ReplayPart.replay>`
+    reads them: their groups (numbered as :func:`joined` numbers them) and prompt ids."""
     rows = torch.stack([rounds[a].rows[b] for a, b in kept.refs])  # type: ignore[index]
     response = (torch.arange(max(1, int(kept.lengths.max())))[None, :] < kept.lengths[:, None]).to(torch.long)
     return Batch.from_tensors(uid=_compact(kept.groups), response_mask=response,

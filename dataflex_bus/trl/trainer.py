@@ -38,7 +38,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from ..kit import Runtime, StepKit, domain_labels, prepare_prompts
+from ..kit import ReplayRun, Runtime, StepKit, domain_labels, prepare_prompts
 from . import loss, passes, replays, state
 from .adapter import BatchState, RunSettings
 from .arguments import argument, check_processing_class
@@ -120,8 +120,9 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
             dataset, "column_names") else None
         sampler = prepare_prompts(runtime, lambda: prompt_table(labels, len(dataset)), labels=labels,
                                   seed=int(args.seed))
-        if runtime.replay is not None:  # a restored stored row TRL could not train again is refused at resume
-            runtime.replay.store.object_check = replays.object_check(len(dataset), len(self.reward_funcs))
+        replay = ReplayRun.of(runtime)
+        if replay is not None and replay.buffer is not None:  # a restored row TRL could not train again is refused
+            replay.buffer.store.object_check = replays.object_check(len(dataset), len(self.reward_funcs))
         domains = sampler.domains if sampler is not None else (
             runtime.configured_domains or (sorted(set(labels)) if labels is not None else None))
         row_domain = None

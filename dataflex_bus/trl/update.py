@@ -13,7 +13,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 from trl.models.utils import disable_gradient_checkpointing
 
-from ..kit import AdvantageAction, DataflexError, RolloutOutcome, Step
+from ..kit import AdvantageAction, DataflexError, ReplayPart, RolloutOutcome, Step
 from . import replays, vllm
 from .records import Kept, RoundData
 from .rows import BEHAVIOUR, MULTIMODAL, REAL, WEIGHTS, Layout, cat_rows, row_fields, trim
@@ -40,7 +40,8 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
         batch = trainer.dataflex_settings.batches.advantage(out, rounds, kept, layout, wanted, processes)
     out.pop("_dfx_entropy", None)
     out.pop("_dfx_old_logps", None)
-    replayed = step.replayed if kept.replayed is not None else None
+    replay = ReplayPart.of(step)
+    replayed = replay.replayed if kept.replayed is not None and replay is not None else None
     rows = None
     if behaviour and batch is not None:
         fresh = len(kept) - (0 if replayed is None else len(replayed))
@@ -48,12 +49,14 @@ def after_generation(trainer: DataflexGRPOTrainer, step: Step, out: dict[str, An
         sampled = vllm.behaviour_log_probs(batch["rollout_log_probs"], old) if batch.has("rollout_log_probs") else old
         batch = batch.with_fields(rollout_log_probs=replays.behaviour_log_probs(sampled, replayed, fresh))
         rows = replays.replay_rows(len(kept), fresh) if runtime.plan.replays else None
-    action = step.advantage(batch, replay_rows=rows) if batch is not None and runtime.listens(
-        "on_advantage") else AdvantageAction()
+    if replay is not None:
+        replay.rows = rows
+    action = step.advantage(batch) if batch is not None and runtime.listens("on_advantage") else AdvantageAction()
     if action.store is not None:
         assert batch is not None
         marked = torch.nonzero(action.store & batch.valid_rows).flatten().tolist()
-        step.store({}, objects=[replays.stored_object(rounds, kept.refs[i]) for i in marked])
+        assert replay is not None  # only a replay part marks rows to store
+        replay.store({}, objects=[replays.stored_object(rounds, kept.refs[i]) for i in marked])
     keep = action.keep
     processes.agree("on_advantage", *(t for t in (keep, *action.fields.values()) if t is not None),
                     torch.tensor([action.skip_update]))

@@ -26,7 +26,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..kit import Batch, BatchFieldError, Runtime, Step
+from ..kit import Batch, BatchFieldError, ReplayPart, Runtime, Step
 from .blocks import minibatch_blocks
 from .tqbatch import fetch, labels_of, nested_row_counts, padding_flags, put, to_nested
 
@@ -65,7 +65,9 @@ class AdvantageCarryOut:
             view = view.with_fields(prompt_index=self._prompt_index(data, view))
             replay_rows = torch.tensor([self._replay_rows.get(key, -1) for key in meta.keys], dtype=torch.long)
         blocks, multiple = self._actor_blocks(len(meta))
-        action = step.advantage(view, blocks=blocks, block_multiple=multiple, replay_rows=replay_rows)
+        if (replay := ReplayPart.of(step)) is not None:
+            replay.rows = replay_rows
+        action = step.advantage(view, blocks=blocks, block_multiple=multiple)
         if action.store is not None:
             self._store_replay(meta, action.store)
         self._warn_empty_blocks(action.empty_blocks, action.restored_rows, action.remove, action.skip_update)

@@ -9,8 +9,9 @@ key's tags as the row's objects. Text-only trajectories: a per-token field with 
 (multimodal position ids) is refused, naming it.
 
 :class:`ReplayWrites`, a mixin of :class:`~dataflex_bus.verl.trainer.DataflexTrainer` (before verl's ``PPOTrainer``
-in its bases), does the writes: the rows the kit replays (``Step.replay``) into TransferQueue under new keys before
-verl's old-log-prob pass, and the rows the method marks at on_advantage back into the kit's store (``Step.store``).
+in its bases), does the writes: the rows the kit replays (``ReplayPart.replay``) into TransferQueue under new keys
+before verl's old-log-prob pass, and the rows the method marks at on_advantage back into the kit's store
+(``ReplayPart.store``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tensordict.tensorclass import NonTensorStack
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..kit import Batch, BatchFieldError, Record, Step
+from ..kit import Batch, BatchFieldError, Record, ReplayPart, Step
 from .tqbatch import labels_of
 
 #: The key of a stored row's objects that holds its TransferQueue tags.
@@ -114,7 +115,8 @@ class ReplayWrites:
         a new uid per new group; ``rollout_log_probs`` is the stored behaviour log-prob as generated."""
         fresh = self._fresh
         assert fresh is not None and fresh.uid is not None
-        replayed = self._current_step().replay(fresh)
+        replay = ReplayPart.of(self._current_step())
+        replayed = replay.replay(fresh) if replay is not None else None
         if replayed is None:
             return meta
         first = torch.full((fresh.num_groups,), len(fresh), dtype=torch.long).scatter_reduce(
@@ -145,4 +147,6 @@ class ReplayWrites:
         tags = list(itertools.compress(meta.tags, flags))
         data = tq.kv_batch_get(keys=keys, partition_id=meta.partition_id, select_fields=self._generated_fields)
         payload, lengths, objects = payload_of(data, tags)
-        self._current_step().store(payload, lengths=lengths, objects=objects)
+        replay = ReplayPart.of(self._current_step())
+        if replay is not None:
+            replay.store(payload, lengths=lengths, objects=objects)

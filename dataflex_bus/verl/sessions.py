@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError, ConfigIssue
+from ..kit import ConfigError, ConfigIssue
 
 #: verl's agent loops that return one output per session (``verl/experimental/agent_loop``).
 SINGLE_OUTPUT_LOOPS = ("single_turn_agent", "tool_agent")

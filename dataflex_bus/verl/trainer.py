@@ -30,11 +30,11 @@ mode is that class on top of verl's own trainer:
 * ``step`` -> **on_step_end** (``Step.end``): before ``fit`` saves the step's checkpoint, so mixer/bandit
   updates are in it; the step's batch is read from TQ only when a method or observer listens there.
 * replay (mechanism ``replay``, ``dataflex_sync``): ``_next_train_batch`` and ``_step_once`` ask the kit how many
-  prompts the step generates (``Step.fresh_prompts``); after the on_rollout removal ``_balance_batch`` writes the
-  stored rows the kit replays (``Step.replay``) into TransferQueue under new keys, with their tags and every field
+  prompts the step generates (``ReplayPart.fresh_prompts``); after the on_rollout removal ``_balance_batch`` writes the
+  stored rows the kit replays (``ReplayPart.replay``) into TransferQueue under new keys, with their tags and every field
   they were generated with (:mod:`dataflex_bus.verl.replay`), and a ``uid`` per the advantage mode, so verl's own
   old-log-prob, reference, rollout-correction and advantage passes see them; at on_advantage the rows the method
-  marks are read back from TQ into the kit's store (``Step.store``).
+  marks are read back from TQ into the kit's store (``ReplayPart.store``).
 
 Prompt ids are ``(data_source, extra_info.index)``, checked unique when the dataloader is built. Plugin
 state is saved beside verl's checkpoints (:mod:`~dataflex_bus.verl.state`). Each mode
@@ -77,9 +77,12 @@ from ..kit import (
     BatchFieldError,
     Candidates,
     DomainSampler,
+    ReplayPart,
+    ReplayRun,
     Runtime,
     Step,
     StepKit,
+    allocator,
     domain_labels,
     prepare_prompts,
 )
@@ -250,10 +253,15 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         return meta.select_keys(kept)
 
     # ------------------------------------------------------------------ replay
+    def _fresh_prompts(self, target: int) -> int:
+        """How many of ``target`` prompts the step generates (the replay fills the rest)."""
+        replay = ReplayPart.of(self._current_step())
+        return replay.fresh_prompts(target) if replay is not None else target
+
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
         # A replay method may fill part of the step from its buffer: the replay buffer then waits for fewer groups.
         if self.dataflex.plan.replays:
-            sample_batch_size = self._current_step().fresh_prompts(sample_batch_size)
+            sample_batch_size = self._fresh_prompts(sample_batch_size)
         return super()._step_once(metrics, timing_raw, sample_batch_size)
 
     # ------------------------------------------------------------------ prompt ids and selection
@@ -283,7 +291,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
         train_batch_size = self.config.data.train_batch_size
         target = num_prompts if num_prompts is not None else train_batch_size
         if num_prompts is None and self.dataflex.plan.replays:
-            target = self._current_step().fresh_prompts(target)
+            target = self._fresh_prompts(target)
         if not self.dataflex.plan.before_generation:
             fetch = super()._next_train_batch
             return self._remember(self._current_step().prompts(target, lambda n: Candidates(fetch(n))).draws[0])
@@ -303,7 +311,7 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
 
     def _remember(self, batch: TensorDict) -> TensorDict:
         """Keep the step's fetched prompts by uid when a continuation round may ask for more of them."""
-        if self.dataflex.allocator("on_rollout") is not None:
+        if allocator(self.dataflex, "on_rollout") is not None:
             chunk = len(self._fetched)
             self._fetched.append(batch)
             self._fetched_at.update((str(u), (chunk, i)) for i, u in enumerate(labels_of(batch["uid"])))
@@ -353,7 +361,8 @@ class DataflexTrainer(GenerationRounds, ReplayWrites, AdvantageCarryOut, PPOTrai
 
     # ------------------------------------------------------------------ mix
     def _init_dataloader(self) -> None:
-        replay = self.dataflex.replay_settings
+        run = ReplayRun.of(self.dataflex)
+        replay = None if run is None else run.settings
         if self.dataflex.refill is not None or (replay is not None and replay.fresh_fraction < 1.0):
             # Exact refills need single-prompt fetches, as verl sets for its own algorithm.filter_groups; so does
             # a step that generates only its fresh share (whatever the buffer cannot fill).

@@ -65,12 +65,14 @@ def test_register_component_refuses_a_class_of_no_kind():
 #: The data-flow mechanisms: they change which rows a step generates and trains (allocate: how many
 #: rollouts per prompt; replay: stored rows trained again).
 DATA_FLOW = ("alloc", "replay")
-#: The kit modules every host runs whatever the block (#45: they name no data-flow mechanism).
-NEUTRAL = ("carry.py", "step_metrics.py")
+#: The kit modules every host runs whatever the block (#45: they name no data-flow mechanism; the mechanisms plug
+#: into the step and the runtime through their parts, dataflex_bus/step_parts.py).
+NEUTRAL = ("carry.py", "step_metrics.py", "steps.py", "generation.py", "runtime.py", "step_parts.py")
 
 
 def named(source: str) -> list[str]:
-    """The functions, classes and imported modules or names of ``source`` that name a data-flow mechanism."""
+    """The functions, classes, attributes read or set and imported modules or names of ``source`` that name a
+    data-flow mechanism."""
     import ast
 
     found = []
@@ -81,6 +83,8 @@ def named(source: str) -> list[str]:
             names = [node.module or "", *(a.name for a in node.names)]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
         else:
             continue
         found.extend(n for n in names if any(word in n.lower() for word in DATA_FLOW))
@@ -89,7 +93,7 @@ def named(source: str) -> list[str]:
 
 @pytest.mark.parametrize("module", NEUTRAL)
 def test_the_general_carry_out_and_metrics_name_no_data_flow_mechanism(module):
-    """Allocation's counts and metrics live in the kit's allocation.py, replay's in replay.py."""
+    """Allocation's counts, metrics and step hooks live in the kit's allocation.py, replay's in replay.py."""
     from pathlib import Path
 
     assert named((Path(dataflex_bus.__file__).parent / module).read_text()) == []
@@ -98,4 +102,21 @@ def test_the_general_carry_out_and_metrics_name_no_data_flow_mechanism(module):
 def test_the_check_finds_a_data_flow_mechanism_named():
     assert named("from .allocation import AllocationStats\n") == ["allocation", "AllocationStats"]
     assert named("class ReplayPart:\n    pass\n") == ["ReplayPart"]
+    assert named("n = step.fresh(runtime.replay, self.allocation)\n") == ["replay", "allocation"]
     assert named("from .mechanisms.allocate import Allocator\n") == ["mechanisms.allocate", "Allocator"]
+
+
+def test_the_data_flow_parts_run_in_the_registry_order_whatever_the_block_order():
+    """The step's hooks (and so its metrics' order) do not depend on the order a block lists its methods."""
+    from types import SimpleNamespace as NS
+
+    from dataflex_bus.allocation import AllocationPart
+    from dataflex_bus.replay import ReplayPart, ReplayRun
+    from dataflex_bus.step_parts import parts_of
+
+    for order in (["allocate", "select", "replay"], ["replay", "allocate"]):
+        methods = [NS(config=NS(mechanism=name)) for name in order]
+        steps, runs = parts_of(NS(methods=methods))  # type: ignore[arg-type]
+        assert steps == (ReplayPart, AllocationPart)
+        assert [(cls, method.config.mechanism) for cls, method in runs] == [(ReplayRun, "replay")]
+    assert parts_of(None) == ((), [])

@@ -13,7 +13,7 @@ from dataflex_bus.errors import ConfigError, DataflexError
 from dataflex_bus.history import PromptTable
 from dataflex_bus.host import ANY_HOST
 from dataflex_bus.ops import grpo_outcome_advantage
-from dataflex_bus.replay import Record, ReplayStore
+from dataflex_bus.replay import Record, Replay, ReplayPart, ReplayRun, ReplayStore
 from dataflex_bus.runtime import Runtime
 from dataflex_bus.shim.losses import policy_loss
 from dataflex_bus.steps import StepKit
@@ -73,17 +73,31 @@ def with_advantages(batch: Batch, old_shift: float = 0.05) -> Batch:
 def host_step(kit: StepKit, i: int, prompts_of, target: int = 4, **kw):
     """One step of a minimal host: fresh prompts, replay, advantages, on_advantage, store, trained, end."""
     step = kit.begin(i)
-    fresh_n = step.fresh_prompts(target)
+    fresh_n = part(step).fresh_prompts(target)
     fresh = rollouts(prompts_of(i, fresh_n), i, **kw)
     step.count_generated(fresh)
-    replayed = step.replay(fresh)
+    replayed = part(step).replay(fresh)
     batch = fresh if replayed is None else replayed.append_to(fresh)
     batch = with_advantages(batch)
     action = step.advantage(batch)
-    step.store()
+    part(step).store()
     trained = batch.with_fields(**action.fields)
     step.trained_batch(trained)
     return step, trained, step.end(trained)
+
+
+def part(step) -> ReplayPart:
+    """The step's replay part (the block has a replay method)."""
+    found = ReplayPart.of(step)
+    assert found is not None
+    return found
+
+
+def buffer(rt: Runtime) -> Replay:
+    """The run's replay buffer (the host gave its prompt table)."""
+    run = ReplayRun.of(rt)
+    assert run is not None and run.buffer is not None
+    return run.buffer
 
 
 def cycle(i: int, n: int) -> list[int]:
@@ -102,7 +116,7 @@ def test_dots_generates_its_fresh_share_and_replays_whole_stored_groups():
     replayed = batch["replay_row"] >= 0
     assert int(replayed.sum()) == 2 * N and m1["dataflex/replay/rows"] == 2 * N
     # own_group: each stored group is its own group again, so its advantages are the ones it was stored with
-    rec = step.replayed.record
+    rec = part(step).replayed.record
     assert torch.allclose(batch["advantages"][replayed][:, 0], rec.advantage, atol=1e-6)
     assert m1["compute/replayed_rows"] == 2 * N and m1["compute/trained_rows"] == 4 * N + 4 * N
     assert m1["compute/generated_rollouts"] == 4 * N + 2 * N
@@ -140,7 +154,7 @@ def test_d1_d4_the_correction_gives_dotss_and_repos_losses(logp, mu, old, adv, d
                                                                                                     else 1]))
     theta, a = torch.tensor([[logp]]), torch.tensor([[float(adv)]])
     for params, want in (({**DOTS, "is_cap": 1e9}, dots), (REPO, ppo_vs_mu)):
-        fields = runtime(params).replay.correct(batch, None, step=1)
+        fields = buffer(runtime(params)).correct(batch, None, step=1)
         old_lp = fields.get("old_log_probs", batch["old_log_probs"])
         loss, _ = policy_loss(theta, old_lp, a, batch["response_mask"], clip_ratio=0.2,
                               rollout_is_weights=fields.get("rollout_is_weights"))
@@ -188,7 +202,7 @@ def test_repo_replays_a_prompts_rows_once_enough_are_stored_in_a_group_of_their_
     step, batch, m2 = host_step(kit, 2, same)
     assert m2["dataflex/replay/fresh_prompts"] == 4 and m2["dataflex/replay/rows"] == 4 * N
     replayed = batch["replay_row"] >= 0
-    rec = step.replayed.record
+    rec = part(step).replayed.record
     # highest_k: the N best stored rows of each prompt, older first among equals
     assert rec.prompt.tolist() == [p for p in [0, 1, 2, 3] for _ in range(N)]
     # split: a prompt's replayed rows form a group apart from its fresh rows
@@ -221,14 +235,14 @@ def test_padding_rows_never_enter_the_store():
     rt = runtime(DOTS)
     kit = StepKit(rt)
     host_step(kit, 0, cycle, padding=3)
-    assert len(rt.replay.store) == 4 * N
+    assert len(buffer(rt).store) == 4 * N
 
 
 def test_rows_with_nonfinite_behaviour_log_probs_are_trained_but_not_stored():
     rt = runtime(REPO)
     kit = StepKit(rt)
     _, _, m = host_step(kit, 0, cycle, mu=float("nan"))
-    assert m["dataflex/replay/nonfinite_rows"] == 4 * N and len(rt.replay.store) == 0
+    assert m["dataflex/replay/nonfinite_rows"] == 4 * N and len(buffer(rt).store) == 0
     assert m["dataflex/trained/rows"] == 4 * N
 
 
@@ -285,8 +299,8 @@ def test_a_checkpointed_store_resumes_exactly_and_refuses_another_dataset():
     state = rt.state_dict()
     again = runtime(DOTS)
     again.load_state_dict(state)
-    for name, col in rt.replay.store.columns.items():
-        assert torch.equal(col, again.replay.store.columns[name]), name
+    for name, col in buffer(rt).store.columns.items():
+        assert torch.equal(col, buffer(again).store.columns[name]), name
     a, b = StepKit(rt), StepKit(again)
     _, x, _ = host_step(a, 3, cycle)
     _, y, _ = host_step(b, 3, cycle)
@@ -299,11 +313,11 @@ def test_a_checkpointed_store_resumes_exactly_and_refuses_another_dataset():
 def test_a_host_that_forgets_to_store_is_told_at_the_step_end():
     kit = StepKit(runtime(DOTS))
     step = kit.begin(0)
-    fresh = rollouts(cycle(0, step.fresh_prompts(4)), 0)
+    fresh = rollouts(cycle(0, part(step).fresh_prompts(4)), 0)
     step.count_generated(fresh)
-    step.replay(fresh)
+    part(step).replay(fresh)
     step.advantage(with_advantages(fresh))
-    with pytest.raises(DataflexError, match=r"never handed them to Step\.store"):
+    with pytest.raises(DataflexError, match=r"never handed them to ReplayPart\.store"):
         step.end(fresh)
 
 
@@ -311,12 +325,12 @@ def test_a_step_skipped_before_its_replay_stores_nothing():
     rt = runtime(DOTS)
     kit = StepKit(rt)
     step = kit.begin(0)
-    fresh = rollouts(cycle(0, step.fresh_prompts(4)), 0)
-    step.count_generated(fresh)  # an empty selection at on_rollout: the host goes on without Step.replay
+    fresh = rollouts(cycle(0, part(step).fresh_prompts(4)), 0)
+    step.count_generated(fresh)  # an empty selection at on_rollout: the host goes on without ReplayPart.replay
     action = step.advantage(with_advantages(fresh))
     assert action.store is None
     step.end(fresh)
-    assert len(rt.replay.store) == 0
+    assert len(buffer(rt).store) == 0
 
 
 def test_replay_is_refused_with_refill_and_on_a_host_without_the_capability():
@@ -339,8 +353,8 @@ def test_the_store_is_bounded_by_its_capacity_whatever_the_run_length():
     sizes = []
     for i in range(12):
         host_step(kit, i, cycle)
-        sizes.append(rt.replay.store.nbytes())
-    store = rt.replay.store
+        sizes.append(buffer(rt).store.nbytes())
+    store = buffer(rt).store
     assert len(store) == 8 * N
     # Sized by the tokens held: once full, the bytes stay within a bound set by the rows held (not growing
     # with the run), the evicted rows' share of a chunk at most DEAD_SHARE.

@@ -13,6 +13,7 @@ pytest.importorskip("trl")
 import torch
 import trl_tiny as T
 
+from dataflex_bus.replay import ReplayRun
 from dataflex_bus.trl import DataflexGRPOTrainer
 
 pytestmark = pytest.mark.trl
@@ -76,7 +77,7 @@ def test_repo_trains_each_prompt_s_best_stored_rows_again_against_their_behaviou
     # correction=behaviour: every row's ratio is taken against its behaviour log-probs (a fresh row's are its
     # old ones: without vLLM the sampling policy computes them)
     assert torch.equal(old[mask], mu[mask])
-    assert len(trainer.dataflex.replay.store) == 32  # per_prompt=8: each prompt's newest 8 rows
+    assert len(ReplayRun.of(trainer.dataflex).buffer.store) == 32  # per_prompt=8: each prompt's newest 8 rows
     plain = T.train(rows=ROWS, rows_per_gen=16, steps=3)
     assert T.compare(a, plain) > 0
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dataflex_bus.replay import ReplayRun
+
 pytestmark = pytest.mark.verl
 
 RC = "algorithm.rollout_correction"
@@ -104,7 +106,7 @@ def test_fit_replays_into_transfer_queue_and_resumes_exactly(H, tmp_path, clean_
     a, b = (run.trainer.dataflex_state_dict()["runtime"]["replay"]["store"] for run in (full, resumed))
     for name, column in a["columns"].items():
         assert torch.equal(column, b["columns"][name]), name
-    x, y = (run.trainer.dataflex.replay.store.held() for run in (full, resumed))
+    x, y = (ReplayRun.of(run.trainer.dataflex).buffer.store.held() for run in (full, resumed))
     assert torch.equal(x.mu, y.mu) and x.objects == y.objects and a["objects"] == b["objects"]
     assert x.payload.keys() == y.payload.keys() and all(torch.equal(v, y.payload[k]) for k, v in x.payload.items())
     assert x.lengths.keys() == y.lengths.keys() and all(torch.equal(v, y.lengths[k]) for k, v in x.lengths.items())
