@@ -129,10 +129,26 @@ class SnrFilter(Selector):
 
 
 class _Draw(Selector):
-    """Shared: keep ``B`` candidates (``budget_prompts``) before generation, or a ``fraction`` of the groups after."""
+    """Shared: keep ``B`` candidates (``budget_prompts``) before generation, or a ``fraction`` of the groups after;
+    ``pool`` candidates per prompt generated; an own generator seeded by ``seed``, saved in the state."""
 
     accepts: ClassVar = ("prompt",)
     min_timing: ClassVar = "pre_rollout"
+    pool: float
+    seed: int
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.rng = np.random.Generator(np.random.PCG64(int(self.seed)))
+
+    def candidates_per_prompt(self) -> float:
+        return float(self.pool)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.rng.bit_generator.state = dict(state["rng"])
 
     def keep_count(self, batch: Batch, n: int, fraction: float) -> int:
         if batch.has("budget_prompts"):
@@ -169,17 +185,8 @@ class Learnability(_Draw):
                           doc="after generation: the share of the groups kept"),
         "seed": Param(int, 0, low=0, doc="seed of draw: sample"),
     }
-    pool: float
     draw: str
     fraction: float
-    seed: int
-
-    def candidates_per_prompt(self) -> float:
-        return float(self.pool)
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.rng = np.random.Generator(np.random.PCG64(int(self.seed)))
 
     @classmethod
     def keeps_whole_groups(cls, granularity: str) -> bool:
@@ -197,12 +204,6 @@ class Learnability(_Draw):
         kept = float(learn[keep].mean()) if bool(keep.any()) else 0.0
         return Selection(keep=keep, metrics={"learnability/kept_mean": kept})
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.rng.bit_generator.state = dict(state["rng"])
-
 
 class WeightedDraw(_Draw):
     """Draw the ``B`` prompts to generate from the candidates without replacement, with probability proportional
@@ -215,26 +216,10 @@ class WeightedDraw(_Draw):
                       "dataset; a larger pool comes closer)"),
         "seed": Param(int, 0, low=0, doc="seed of the draws"),
     }
-    pool: float
-    seed: int
-
-    def candidates_per_prompt(self) -> float:
-        return float(self.pool)
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.rng = np.random.Generator(np.random.PCG64(int(self.seed)))
-
     def select(self, batch: Batch, score: Score, step: int) -> Selection:
         check_row_values(self.who, "score", score.values, batch)
         keys = score.values.to(F64) + torch.from_numpy(self.rng.gumbel(size=len(batch)))
         return Selection(keep=self.pick(batch, keys, 1.0))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.rng.bit_generator.state = dict(state["rng"])
 
 
 def variance_counts(p: Tensor, total: int, min_n: int, max_n: int) -> Tensor:
