@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .batch import Batch, _index_labels
 from .errors import BatchFieldError, ConfigError, ConfigIssue
-from .ops import segment_count, segment_max, segment_min, segment_sum
+from .ops import segment_count, segment_max, segment_min, segment_sum, waves
 from .visits import (
     CLASS_NAMES,
     EASY,
@@ -326,14 +326,7 @@ class PromptHistory:
         owning per-prompt state. A component sees distinct prompts per call, so a prompt visited twice in one
         batch (two refill rounds drawing it) is updated twice, in order: one call per repeat, a loop as long as
         the most repeated prompt's visits."""
-        order = torch.sort(prompt, stable=True).indices
-        p = prompt[order]
-        uniq, counts = torch.unique_consecutive(p, return_counts=True)
-        seg = torch.repeat_interleave(torch.arange(uniq.numel()), counts)
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(p.numel()) - (torch.cumsum(counts, 0) - counts)[seg]
-        for wave in range(int(counts.max())):
-            at = torch.nonzero(rank == wave).flatten()
+        for at in waves(prompt):
             for name, state in self.states.items():
                 visits = Visits(prompt[at], size[at].to(torch.long), success[name][at].to(torch.long), step)
                 new = self._updates[name](state[visits.prompt].clone(), visits)

@@ -109,3 +109,17 @@ def segment_slots(index: Tensor, num_segments: int) -> Tensor:
     slots = torch.empty_like(idx)
     slots[order] = torch.arange(idx.numel(), device=idx.device) - starts[idx[order]]
     return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+def waves(prompt: Tensor) -> list[Tensor]:
+    """Positions of ``prompt`` split into calls of distinct prompts, each repeat in a later call, in order
+    (a loop as long as the most repeated prompt's visits, not over prompts)."""
+    if prompt.numel() == 0:
+        return []
+    order = torch.sort(prompt, stable=True).indices
+    p = prompt[order]
+    _, counts = torch.unique_consecutive(p, return_counts=True)
+    seg = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(p.numel()) - (torch.cumsum(counts, 0) - counts)[seg]
+    return [torch.nonzero(rank == w).flatten() for w in range(int(counts.max()))]

@@ -154,21 +154,6 @@ def average_ranks(x: Tensor) -> Tensor:
     return average[inverse]
 
 
-def waves(prompt: Tensor) -> list[Tensor]:
-    """Positions of ``prompt`` split into calls of distinct prompts, each repeat in a later call, in order
-    (a loop as long as the most repeated prompt's visits, not over prompts)."""
-    import torch
-
-    if prompt.numel() == 0:
-        return []
-    order = torch.sort(prompt, stable=True).indices
-    p = prompt[order]
-    _, counts = torch.unique_consecutive(p, return_counts=True)
-    seg = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(p.numel()) - (torch.cumsum(counts, 0) - counts)[seg]
-    return [torch.nonzero(rank == w).flatten() for w in range(int(counts.max()))]
-
 
 # ---------------------------------------------------------------------------- the runtime's side
 class PredictorRun:
@@ -264,6 +249,8 @@ class PredictorRun:
         successes = segment_sum((batch.rewards > SUCCESS_THRESHOLD).to(torch.long), gi, g)[arrival]
         if step != self._step:
             self._step, self._pairs, self._reported = step, [], {}
+        from .ops import waves
+
         for at in waves(prompt):
             seen = Observation(prompt[at], size[at], successes[at], int(step))
             predicted = self.predict(seen.prompt, step)[P_FIELD]
@@ -336,5 +323,5 @@ def uses_predictor(component: type[Component] | Component) -> bool:
 
 
 __all__ = ["BRIER", "KIND", "P_FIELD", "SPEARMAN", "Observation", "Prediction", "Predictor", "PredictorRun",
-           "average_ranks", "build_predictor", "check_predictor", "spearman", "uses_predictor", "waves"]
+           "average_ranks", "build_predictor", "check_predictor", "spearman", "uses_predictor"]
 

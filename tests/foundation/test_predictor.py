@@ -13,6 +13,7 @@ import torch
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param
 from dataflex_bus.errors import BatchFieldError, ConfigError, PluginRuntimeError
+from dataflex_bus.ops import waves
 from dataflex_bus.predictor import (
     BRIER,
     P_FIELD,
@@ -23,7 +24,6 @@ from dataflex_bus.predictor import (
     PredictorRun,
     average_ranks,
     spearman,
-    waves,
 )
 from dataflex_bus.registry import register_predictor, unregister_local
 from dataflex_bus.validation import validate
