@@ -90,20 +90,6 @@ def simulate(policy: str, args: argparse.Namespace, seed: int) -> tuple[float, f
     kept: list[Group] = []
     n, batch = args.n, args.batch
 
-    def dispatch(count: int, rollouts: int, on_group: Callable[[Group], None]) -> None:
-        for _ in range(count):
-            g = Group(rng)
-            left = [rollouts]
-
-            def one(t: float, g: Group = g, left: list[int] = left) -> None:
-                g.result()
-                left[0] -= 1
-                if left[0] == 0:
-                    on_group(g)
-
-            for _ in range(rollouts):
-                engine.submit(one)
-
     def extend(g: Group, rollouts: int, on_group: Callable[[Group], None]) -> None:
         left = [rollouts]
 
@@ -115,6 +101,10 @@ def simulate(policy: str, args: argparse.Namespace, seed: int) -> tuple[float, f
 
         for _ in range(rollouts):
             engine.submit(one)
+
+    def dispatch(count: int, rollouts: int, on_group: Callable[[Group], None]) -> None:
+        for _ in range(count):
+            extend(Group(rng), rollouts, on_group)
 
     enough = lambda: len(kept) >= batch  # noqa: E731
     if policy == "dapo":
