@@ -9,12 +9,18 @@ drawn uniformly). Policies:
 * ``dapo``: verl's native path: ``max_inflight_gen_batches`` (2) batches of prompts queued at a time, every
   finished group filtered as it arrives, a new batch queued when one drains, the step done at the last kept
   group's arrival;
-* ``dynamic_sampling`` (``dataflex.refill``, today's ``verl/rounds.py``): a round of prompts dispatched, waited
-  for until every group is terminal, filtered, the next round sized by the missing groups over the kept share;
-* ``speed`` (today's rounds): a screening round of ``--screen`` rollouts a prompt, waited for whole, then one
-  continuation round with the rest of the group for the prompts whose screening rewards differ, waited for;
-* ``speed_per_group`` and ``dynamic_sampling_per_group`` (the dispatch issue 44 asks for, modelled, not yet
-  what verl/rounds.py does): a group's continuation, and a refill, dispatched as soon as a group is decided.
+* ``dynamic_sampling`` (``dataflex.refill``, as ``verl/rounds.py`` runs it): rounds sized by the kit's own
+  :class:`~dataflex_bus.fill.GroupFill` (``--refill-policy``, default ``greso``), each waited for until every group
+  is terminal (the fill's rule reads the round's kept count), until ``--batch`` groups are kept;
+* ``speed`` (SPEED under ``dataflex.refill``, as ``verl/rounds.py`` runs it now): screening rounds of ``--screen``
+  rollouts a prompt, sized by the same fill; in a round no larger than the groups still needed each group's
+  continuation (the rest of its ``--n``) is dispatched as its screening arrives
+  (:meth:`~dataflex_bus.generation.Generation.pipelines`); a larger round waits for its whole screening, since
+  SPEED continues at most the groups still needed, in dispatch order; the next round waits for the last one;
+* ``speed_whole_rounds``: SPEED with every round and continuation waited for whole (before issue 44).
+
+The round sizes and which groups count as kept are the kit's code (``GroupFill``); the latencies, the rewards and
+SPEED's qualification (rewards that differ) are the model's.
 
 Prints per policy the mean step wall time over ``--steps`` steps, its ratio to DAPO's
 (``rounds_step_time_vs_dapo``, goal 1.1) and the engine-idle fraction (workers idle over workers x wall time,
@@ -30,6 +36,11 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
+
+from dataflex_bus.block import RefillConfig
+from dataflex_bus.fill import GroupFill
 
 
 @dataclass
@@ -83,6 +94,62 @@ class Group:
         return 0 < sum(self.results) < len(self.results)
 
 
+def kit_rounds(policy: str, args: argparse.Namespace, engine: Engine, rng: random.Random,
+               extend: Callable[[Group, int, Callable[[Group], None]], None],
+               dispatch: Callable[[int, int, Callable[[Group], None]], None], kept: list[Group]) -> float:
+    """One step of ``dataflex.refill`` rounds as ``verl/rounds.py`` runs them, sized and closed by the kit's own
+    :class:`~dataflex_bus.fill.GroupFill` (``--refill-policy``) and, for SPEED, pipelined exactly where
+    :meth:`~dataflex_bus.generation.Generation.pipelines` allows: a round no larger than the groups still
+    needed has each group's continuation dispatched as its screening arrives; a larger one (SPEED's cap on the
+    groups still needed, in dispatch order, could bind) waits for its whole screening first. Each round is
+    waited for whole before the fill sizes the next (its rule reads the round's kept count). ``speed_whole_rounds``:
+    SPEED with every round whole (the dispatch before issue 44). Returns the step's wall time."""
+    n, screen = args.n, args.screen
+    fill = GroupFill(args.batch, RefillConfig(max_rounds=0, policy=args.refill_policy, on_exhaust="train_short"))
+    while (count := fill.request()) > 0:
+        needed = args.batch - fill.kept
+        if policy == "dynamic_sampling":
+            came: list[Group] = []
+            dispatch(count, n, came.append)
+            engine.run_until(lambda came=came, count=count: len(came) == count)
+            fill.add(torch.tensor([g.varied for g in came]))
+            kept.extend(g for g in came if g.varied)
+            continue
+        groups = [Group(rng) for _ in range(count)]
+        done: list[Group] = []
+        pipelined = policy == "speed" and count <= needed
+        screened: list[Group] = []
+
+        def on_screen(g: Group, screened: list[Group] = screened, done: list[Group] = done,
+                      pipelined: bool = pipelined) -> None:
+            screened.append(g)
+            if pipelined:  # the kit screens the arriving group, the host dispatches its continuation at once
+                if g.varied:
+                    extend(g, n - screen, done.append)
+                else:
+                    done.append(g)
+
+        for g in groups:
+            extend(g, screen, on_screen)
+        if pipelined:
+            engine.run_until(lambda done=done, count=count: len(done) == count)
+            continued = [g.varied for g in groups]
+        else:
+            engine.run_until(lambda screened=screened, count=count: len(screened) == count)
+            # SPEED's rule on the whole round: the first groups still needed of the qualified, in dispatch order
+            qualified = [i for i, g in enumerate(groups) if g.varied][:needed]
+            for i in qualified:
+                extend(groups[i], n - screen, done.append)
+            want = len(qualified)
+            engine.run_until(lambda done=done, want=want: len(done) == want)
+            chosen = set(qualified)
+            continued = [i in chosen for i in range(count)]
+        keep = [c and g.varied for c, g in zip(continued, groups)]
+        fill.add(torch.tensor(keep))
+        kept.extend(g for g, k in zip(groups, keep) if k)
+    return engine.now
+
+
 def simulate(policy: str, args: argparse.Namespace, seed: int) -> tuple[float, float]:
     """``(wall, idle fraction)`` of one step under ``policy``."""
     rng = random.Random(seed)
@@ -121,58 +188,8 @@ def simulate(policy: str, args: argparse.Namespace, seed: int) -> tuple[float, f
         inflight[0] = batch * args.inflight
         dispatch(batch * args.inflight, n, arrived)
         wall = engine.run_until(enough)
-    elif policy in ("dynamic_sampling", "speed"):
-        wall = 0.0
-        first = True
-        while len(kept) < batch:
-            missing = batch - len(kept)
-            count = batch if first else max(1, math.ceil(missing / args.keep_estimate))
-            first = False
-            came: list[Group] = []
-            if policy == "dynamic_sampling":
-                dispatch(count, n, came.append)
-                engine.run_until(lambda came=came, count=count: len(came) == count)
-                kept.extend(g for g in came if g.varied)
-            else:
-                dispatch(count, args.screen, came.append)
-                engine.run_until(lambda came=came, count=count: len(came) == count)
-                passing = [g for g in came if g.varied]
-                finished: list[Group] = []
-                for g in passing:
-                    extend(g, n - args.screen, finished.append)
-                waiting = len(passing)
-                engine.run_until(lambda finished=finished, waiting=waiting: len(finished) == waiting)
-                kept.extend(finished)
-            wall = engine.now
-        del kept[batch:]
-    elif policy in ("dynamic_sampling_per_group", "speed_per_group"):
-        pending = [0]
-
-        def decided(g: Group) -> None:
-            pending[0] -= 1
-            if g.varied and len(kept) < batch:
-                kept.append(g)
-            top_up()
-
-        def screened(g: Group) -> None:
-            if g.varied:
-                extend(g, n - args.screen, decided)
-            else:
-                decided(g)
-
-        def top_up() -> None:
-            # keep enough groups in flight to fill the batch at the kept share
-            want = math.ceil((batch - len(kept)) / args.keep_estimate)
-            if pending[0] < want and len(kept) < batch:
-                more = want - pending[0]
-                pending[0] += more
-                if policy == "speed_per_group":
-                    dispatch(more, args.screen, screened)
-                else:
-                    dispatch(more, n, decided)
-
-        top_up()
-        wall = engine.run_until(enough)
+    elif policy in ("dynamic_sampling", "speed", "speed_whole_rounds"):
+        wall = kit_rounds(policy, args, engine, rng, extend, dispatch, kept)
     else:
         raise ValueError(policy)
     return wall, 1.0 - engine.busy(wall) / (args.workers * wall)
@@ -186,22 +203,23 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=8, help="rollouts a group")
     parser.add_argument("--screen", type=int, default=4, help="SPEED: screening rollouts a prompt")
     parser.add_argument("--inflight", type=int, default=2, help="DAPO: max_inflight_gen_batches")
-    parser.add_argument("--keep-estimate", type=float, default=0.7, help="share of groups a refill expects kept")
+    parser.add_argument("--refill-policy", default="greso", choices=("fixed", "credit2", "greso"),
+                        help="dataflex.refill.policy: the kit's round sizes (GroupFill)")
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    policies = ("dapo", "dynamic_sampling", "speed", "dynamic_sampling_per_group", "speed_per_group")
+    policies = ("dapo", "dynamic_sampling", "speed", "speed_whole_rounds")
     results = {}
     for policy in policies:
         runs = [simulate(policy, args, seed) for seed in range(args.steps)]
         results[policy] = (sum(w for w, _ in runs) / len(runs), sum(i for _, i in runs) / len(runs))
     dapo = results["dapo"][0]
     print(f"simulated agent loop: {args.workers} workers, log-normal latency sigma {args.sigma}, {args.batch} kept "
-          f"groups of {args.n} a step, {args.steps} steps")
+          f"groups of {args.n} a step, refill policy {args.refill_policy}, {args.steps} steps")
     print(f"{'policy':<30}{'step time':>10}{'vs dapo':>9}{'idle':>7}")
     for policy in policies:
         wall, idle = results[policy]
         print(f"{policy:<30}{wall:>10.1f}{wall / dapo:>8.2f}x{idle:>7.1%}")
-    for policy in policies[1:]:
+    for policy in policies[1:3]:  # what the code runs now; speed_whole_rounds is printed above for reference
         wall, idle = results[policy]
         print(json.dumps({"measure": "rounds_step_time_vs_dapo", "value": round(wall / dapo, 3), "goal": 1.1,
                           "unit": "x", "method": policy}))

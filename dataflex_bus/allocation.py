@@ -136,6 +136,12 @@ class AllocationPart(StepPart):
     def continues(self) -> bool:
         return allocator(self.step.runtime, "on_rollout") is not None
 
+    def decides_per_group(self) -> bool:
+        """Every method at ``on_rollout`` decides each group on its own rows (:attr:`Plan.screens_on_arrival
+        <dataflex_bus.plan.Plan.screens_on_arrival>`): any other (a selection with a pool baseline, a budget
+        over the round) could change a group's count by what else is in the round."""
+        return self.step.runtime.plan.screens_on_arrival
+
     def more(self, batch: Batch, decision: Decision) -> Tensor | None:
         return continuation_counts(batch, decision)
 

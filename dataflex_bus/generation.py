@@ -20,7 +20,7 @@ import torch
 from .batch import Batch
 from .carry import carry_out_rollout, first_group
 from .decision import Decision
-from .errors import BatchFieldError
+from .errors import BatchFieldError, DataflexError
 from .fill import GroupFill, kept_groups
 from .ops import segment_min
 
@@ -140,6 +140,12 @@ class Generation:
         self._asked = False
         #: A part may extend a round's groups (continuation rounds: an allocator acting at on_rollout).
         self.continues = any(part.continues() for part in step.parts.values())
+        #: Every part that continues decides each group on its own rows (read once): a round's groups may be
+        #: screened as they arrive (:meth:`screen`).
+        self.per_group = self.continues and all(part.decides_per_group() for part in step.parts.values()
+                                                if part.continues())
+        #: Continuation counts decided by :meth:`screen` for the round being generated, by group label.
+        self._screened: dict[Any, int] = {}
         self._open: _OpenRound | None = None
 
     @property
@@ -184,31 +190,89 @@ class Generation:
         self._open = _OpenRound(batch, batch, decision, counted)
         return decision
 
+    def _budget_view(self, batch: Batch, round_: int) -> Batch:
+        """``batch`` with the ``budget_*`` fields an allocator at on_rollout reads."""
+        return batch.with_fields(**self.step.budget_fields(self._still_needed()), budget_round=torch.tensor(round_))
+
     def _emit(self, batch: Batch, round_: int) -> Decision:
         step = self.step
-        view = batch.with_fields(**step.budget_fields(self._still_needed()), budget_round=torch.tensor(round_))
-        decision = step.runtime.emit("on_rollout", view, step.index)
+        decision = step.runtime.emit("on_rollout", self._budget_view(batch, round_), step.index)
         step.metrics.update(decision.metrics)
         return decision
 
     def _still_needed(self) -> int:
         return self.target - (self.fill.kept if self.fill is not None else 0)
 
+    def pipelines(self, groups: int) -> bool:
+        """Whether a round of ``groups`` groups may be decided group by group as they arrive (:meth:`screen`):
+        the rule is per group (:attr:`per_group`) and no cap of the groups the step still needs can bind (a
+        round no larger than that need: the cap picks groups in dispatch order, which arrival would change)."""
+        return self.per_group and 0 < groups <= self._still_needed()
+
+    def screen(self, batch: Batch) -> Tensor:
+        """Some groups of the next round, generated before the rest of it: ``on_rollout`` decides their
+        continuation now (long ``[batch.num_groups]``, more rollouts per group, in the batch's group order), so
+        the host can dispatch it at once. Only where :meth:`pipelines` says so. Nothing is counted or published
+        here: the round goes through :meth:`add` whole once it is generated, as it would without screening, and
+        :meth:`continuation` checks that the whole round decided what its groups were screened to."""
+        if self._open is not None:
+            raise ValueError("Generation.screen: a round is open; screen the next round's groups before add()")
+        decision = self.step.runtime.emit("on_rollout", self._budget_view(batch, 0), self.step.index)
+        counts = self._per_group(batch, decision)
+        more = torch.zeros(batch.num_groups, dtype=torch.long) if counts is None else counts
+        labels = self._group_labels(batch)
+        for label, count in zip(labels, more.tolist()):
+            self._screened[label] = int(count)
+        return more
+
+    def _per_group(self, batch: Batch, decision: Decision) -> Tensor | None:
+        return next((more for part in self.step.parts.values() if (more := part.more(batch, decision)) is not None),
+                    None)
+
+    @staticmethod
+    def _first_rows(batch: Batch) -> Tensor:
+        """Long ``[num_groups]``: each group's first row."""
+        return segment_min(torch.arange(len(batch), dtype=torch.float64), batch.group_index,
+                           batch.num_groups).to(torch.long)
+
+    def _group_labels(self, batch: Batch) -> list[Any]:
+        labels = group_labels(batch)
+        if labels is None:
+            raise BatchFieldError("dataflex allocate", "uid", "screening a round's groups as they arrive needs "
+                                  "their uid labels")
+        rows = self._first_rows(batch).tolist()
+        return [labels[r].item() if isinstance(labels, torch.Tensor) else labels[r] for r in rows]
+
+    def _check_screened(self, batch: Batch, per_group: Tensor | None) -> None:
+        """The whole round decided each group's continuation as it was screened on arrival (a method declaring
+        a per-group rule that reads the round would otherwise train something else than it said)."""
+        screened, self._screened = self._screened, {}
+        whole = [0] * batch.num_groups if per_group is None else per_group.tolist()
+        differ = [(label, screened[label], int(count)) for label, count in zip(self._group_labels(batch), whole)
+                  if label in screened and screened[label] != int(count)]
+        if differ:
+            names = [m.name for m in self.step.runtime.pipeline.at("on_rollout")] if self.step.runtime.pipeline else []
+            label, alone, together = differ[0]
+            raise DataflexError(
+                f"dataflex allocate: the on_rollout method(s) {names} declare a per-group rule (per_group_rule), "
+                f"but group {label!r} got {alone} more rollouts decided on its own rows and {together} on the whole "
+                f"round ({len(differ)} group(s) differ); set per_group_rule = False on the allocator whose count "
+                "reads other groups")
+
     def continuation(self) -> Continuation | None:
         """More rollouts the allocator asked for, for groups of the round just added (``None``: none; the round
-        is then complete)."""
+        is then complete). Groups :meth:`screen` decided on arrival are checked against the whole round."""
         o = self._open
         if o is None:
             return None
-        per_group = next((more for part in self.step.parts.values()
-                          if (more := part.more(o.batch, o.decision)) is not None), None)
+        per_group = self._per_group(o.batch, o.decision)
+        if o.round == 0 and self._screened:
+            self._check_screened(o.batch, per_group)
         if per_group is None:
             self._close()
             return None
         groups = torch.nonzero(per_group > 0).flatten()
-        first_rows = segment_min(torch.arange(len(o.batch), dtype=torch.float64), o.batch.group_index,
-                                 o.batch.num_groups).to(torch.long)
-        rows = first_rows[groups]
+        rows = self._first_rows(o.batch)[groups]
         if bool((rows >= len(o.first)).any()):
             raise ValueError("Generation.continuation: a group's first row lies outside the host's batch")
         return Continuation(rows, per_group[groups])

@@ -26,6 +26,8 @@ WHY = {
     "replays": "stores rollouts by prompt id and replays them at later steps",
     "allocates": "allocates rollouts per prompt",
     "drops_at_rollout": "may drop rows at on_rollout",
+    "continues_groups": "generates more rollouts of a round's groups (continuation rounds)",
+    "reads_whole_round": "decides a round's groups together (its rule reads the whole round)",
 }
 
 
@@ -48,6 +50,11 @@ class Plan:
     #: ``<method>.mechanism`` of the methods that may drop rows at ``on_rollout`` (selection, allocation,
     #: ``on_nonfinite=drop``).
     drops_at_rollout: tuple[str, ...] = ()
+    #: ``<method>.mechanism`` of the allocators acting at ``on_rollout`` (continuation rounds).
+    continues_groups: tuple[str, ...] = ()
+    #: ``<method>.actuator.name`` of the methods at ``on_rollout`` whose rule reads the whole round: every one but
+    #: an allocator declaring :attr:`~dataflex_bus.mechanisms.allocate.Allocator.per_group_rule`.
+    reads_whole_round: tuple[str, ...] = ()
     #: The host fills a step's prompts through a selection before generation (skipped candidates replaced by
     #: more draws, each prompt chosen at most once per round: :class:`~dataflex_bus.fill.PromptFill`).
     fills_prompts: bool = False
@@ -82,6 +89,12 @@ class Plan:
                 parts["allocates"].append(at)
             if resolved.event == "on_rollout" and (declared.drops_rows or method.on_nonfinite == "drop"):
                 parts["drops_at_rollout"].append(at)
+            if resolved.event == "on_rollout":
+                per_group = issubclass(actuator, Allocator) and actuator.per_group_rule
+                if issubclass(actuator, Allocator):
+                    parts["continues_groups"].append(at)
+                if not per_group:
+                    parts["reads_whole_round"].append(f"{mkey}.actuator.name")
             for slot in ("scorer", "actuator"):
                 if getattr(resolved, slot).load().uses_history:
                     parts["reads_history"].append(f"{mkey}.{slot}.name")
@@ -89,6 +102,13 @@ class Plan:
             parts["refill"].append(f"{key}.refill")
         return cls(**{name: tuple(keys) for name, keys in parts.items()},
                    fills_prompts=bool(parts["before_generation"]) and not allocates_before)
+
+    @property
+    def screens_on_arrival(self) -> bool:
+        """A round's groups may be decided as each arrives and their continuations dispatched at once: an
+        allocator continues groups at ``on_rollout`` and every method there decides each group on its own rows
+        (:meth:`Generation.pipelines <dataflex_bus.generation.Generation.pipelines>` adds the round's condition)."""
+        return bool(self.continues_groups) and not self.reads_whole_round
 
     @property
     def needs_prompt_ids(self) -> bool:

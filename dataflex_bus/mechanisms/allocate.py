@@ -90,6 +90,11 @@ class Allocator(Actuator):
     params: ClassVar[Mapping[str, Param]] = ALLOCATION_PARAMS
     #: Generation rounds a group may have in one step (1: no continuation; an on_rollout allocator sets more).
     rounds: ClassVar[int] = 1
+    #: At ``on_rollout``: each group's continuation count and keep depend on that group's rows alone (and on a
+    #: cap of the groups still needed, in arrival order), so the host kit may decide a group as soon as it is
+    #: generated and the host dispatch its continuation then (:meth:`Generation.screen
+    #: <dataflex_bus.generation.Generation.screen>`). False: the rule reads the whole round, which is waited for.
+    per_group_rule: ClassVar[bool] = False
 
     budget: int | None
     exact_budget: bool

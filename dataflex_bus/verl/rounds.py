@@ -18,7 +18,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import transfer_queue as tq
 from omegaconf import DictConfig
@@ -30,6 +30,9 @@ from verl.utils import tensordict_utils as tu
 from ..kit import Batch, ConfigError, ConfigIssue, Runtime, Step
 from .buffer import DataflexReplayBuffer
 from .tqbatch import labels_of, prompt_tokens, uid_of
+
+if TYPE_CHECKING:
+    from ..kit import Generation
 
 #: The per-prompt rollout count verl's v1 agent loop reads (``AgentLoopManagerTQ._run_prompt``).
 ROLLOUT_N = "__rollout_n__"
@@ -66,6 +69,10 @@ class GenerationRounds:
     _current_step: Callable[[], Step]
     _rollouts: Callable[..., Batch]
     _add_prompts_to_generate: Callable[[int], int]
+
+    #: Decide a round's groups as they arrive and dispatch their continuations at once, where the kit allows it
+    #: (:meth:`Generation.pipelines`); False: every round waited for whole, as before issue 44 (for comparison).
+    dispatch_per_group: bool = True
 
     def _build_replay_buffer(self):
         # verl branches on the literal mode strings (replay buffer type, forced gen_batch_size=1, TQ
@@ -128,14 +135,21 @@ class GenerationRounds:
         owner: dict[str, str] = {}
         while True:
             uids, self._dispatched = self._dispatched, []
-            keys, failed = self._terminal_keys(buffer, partition_id, uids)
+            ahead: list[str] | None = None  # continuation keys dispatched as their groups arrived
+            if self.dispatch_per_group and gen.pipelines(len(uids)):
+                keys, failed, ahead = self._pipelined_round(buffer, partition_id, uids, gen, owner)
+            else:
+                keys, failed = self._terminal_keys(buffer, partition_id, uids)
             if keys:
                 tags = [buffer.partitions[partition_id][k] for k in keys]
                 gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True),
                         prompt_tokens=prompt_tokens(tags))
                 while (more := gen.continuation()) is not None:
-                    extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
-                                           more.counts.tolist(), owner)
+                    if ahead is not None:  # the kit checked that the whole round asks for what was dispatched
+                        extra, ahead = ahead, None
+                    else:
+                        extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
+                                               more.counts.tolist(), owner)
                     keys = keys + extra
                     tags = [buffer.partitions[partition_id][k] for k in extra]
                     gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
@@ -164,10 +178,14 @@ class GenerationRounds:
                     trained.append(uid_of(key))
                 else:
                     evicted.add(uid_of(key))
-        trained = list(dict.fromkeys(trained))  # a uid per prompt dispatched, in arrival order
+        trained = list(dict.fromkeys(trained))  # a uid per prompt dispatched, rounds in dispatch order
         if failures:
             step.metrics["dataflex/refill/failed_groups"] = float(failures)
-        snapshot = dict(buffer.partitions[partition_id])
+        # The batch in the fill's order (the rounds', each in dispatch order), not in TransferQueue's arrival
+        # order: what a step trains does not depend on which request the engine finished first.
+        rank = {u: i for i, u in enumerate(trained)}
+        snapshot = dict(sorted(((k, tag) for k, tag in buffer.partitions[partition_id].items() if uid_of(k) in rank),
+                               key=lambda item: rank[uid_of(item[0])]))
         if evicted:
             buffer._clear_groups(partition_id, evicted)
         if not trained:
@@ -179,6 +197,12 @@ class GenerationRounds:
         """Wait until every prompt of ``uids`` is terminal; its trajectory keys in dispatch order of their prompts
         (the fill's arrival order), and the prompts that failed."""
         self._wait_terminal(buffer, partition_id, set(uids))
+        return self._keys_of(buffer, partition_id, uids)
+
+    @staticmethod
+    def _keys_of(buffer: ReplayBuffer, partition_id: str, uids: list[str]) -> tuple[list[str], list[str]]:
+        """The trajectory keys of the terminal prompts ``uids`` as of the buffer's last read, in the order of
+        ``uids``, and those of them that failed."""
         failed = [u for u in uids if u in buffer.failure_keys[partition_id]]
         wanted = set(uids) - set(failed)
         keys = [k for k in buffer.partitions[partition_id] if uid_of(k) in wanted]
@@ -186,13 +210,66 @@ class GenerationRounds:
         keys.sort(key=lambda k: position[uid_of(k)])
         return keys, failed
 
-    def _continue(self, buffer: ReplayBuffer, partition_id: str, first_keys: list[str], counts: list[int],
-                  owner: dict[str, str]) -> list[str]:
-        """A continuation round: ``counts[i]`` more rollouts of the prompt of ``first_keys[i]``'s group, dispatched
-        as new prompts (verl numbers a prompt's sessions from 0, so the same uid would overwrite the group's
-        trajectories) whose trajectories then carry the group's uid (verl's advantage groups by it); returns their
-        trajectory keys. A continuation prompt that fails adds nothing to its group."""
-        groups = [owner.get(uid_of(k), uid_of(k)) for k in first_keys]
+    def _pipelined_round(self, buffer: ReplayBuffer, partition_id: str, uids: list[str], gen: Generation,
+                         owner: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+        """A round whose groups are decided as they arrive (:meth:`Generation.pipelines`): at every read of
+        TransferQueue that shows groups newly finished, the kit screens them (:meth:`Generation.screen`) and
+        their continuations are dispatched at once, while the rest of the round is still generated. Returns,
+        once every prompt of the round and every continuation is terminal, the round's trajectory keys and
+        failed prompts as :meth:`_terminal_keys` gives them, and the continuations' keys (relabelled with
+        their groups' uids) in the order of their groups in the round, as :meth:`_continue` gives them."""
+        round_ = set(uids)
+        continued: dict[str, str] = {}  # continuation prompt uid -> its group's uid
+        for arrived in self._arrivals(buffer, partition_id, round_, continued):
+            fresh = [u for u in arrived if u in continued]
+            if fresh:
+                self._relabel(buffer, partition_id, fresh, continued)
+            finished = [u for u in uids if u in arrived and u not in buffer.failure_keys[partition_id]]
+            if not finished:
+                continue
+            keys, _ = self._keys_of(buffer, partition_id, finished)
+            tags = [buffer.partitions[partition_id][k] for k in keys]
+            counts = gen.screen(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags),
+                                               emits=True)).tolist()
+            firsts = list(dict.fromkeys(uid_of(k) for k in keys))  # the batch's groups, in its order
+            go = [(u, c) for u, c in zip(firsts, counts) if c > 0]
+            if go:
+                sent = self._dispatch_more([u for u, _ in go], [c for _, c in go])
+                continued.update(zip(sent, (u for u, _ in go)))
+        keys, failed = self._terminal_keys(buffer, partition_id, uids)
+        position = {u: i for i, u in enumerate(uids)}
+        landed = set(continued) - buffer.failure_keys[partition_id]
+        extra = [k for k in buffer.partitions[partition_id] if uid_of(k) in landed]
+        extra.sort(key=lambda k: position[continued[uid_of(k)]])
+        owner.update(continued)
+        return keys, failed, extra
+
+    def _arrivals(self, buffer: ReplayBuffer, partition_id: str, round_: set[str],
+                  continued: dict[str, str]) -> Iterator[set[str]]:
+        """The prompts of ``round_`` and the continuations in ``continued`` (which grows as the caller
+        dispatches) that became terminal since the last read, at each read that shows some, until none is
+        left: TransferQueue's terminal status tags are verl's completion events (the agent loop publishes a
+        prompt's ``finished`` or ``failure`` once its sessions settle). Reads back off as
+        :func:`terminal_waits` does and start short again after an arrival, since more usually follow."""
+        seen: set[str] = set()
+        waits = terminal_waits(buffer.poll_interval)
+        while True:
+            wanted = round_ | set(continued)
+            if wanted <= seen:
+                return
+            buffer._sync_metadata_from_transfer_queue()
+            new = (buffer.finished_keys[partition_id] | buffer.failure_keys[partition_id]) & wanted - seen
+            if new:
+                seen |= new
+                waits = terminal_waits(buffer.poll_interval)
+                yield new
+            else:
+                time.sleep(next(waits))
+
+    def _dispatch_more(self, groups: list[str], counts: list[int]) -> list[str]:
+        """Dispatch ``counts[i]`` more rollouts of the prompt of group ``groups[i]`` as new prompts (verl numbers
+        a prompt's sessions from 0, so the same uid would overwrite the group's trajectories); returns their
+        uids, one per group."""
         spots = [self._fetched_at[g] for g in groups]
         picked = [tu.index_select_tensor_dict(self._fetched[c], [r]) for c, r in spots]
         batch = picked[0] if len(picked) == 1 else tu.concat_tensordict(picked)
@@ -202,12 +279,29 @@ class GenerationRounds:
         tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
         # not a round of the fill: kept out of self._dispatched
         super()._submit_batch_to_rollout(batch)  # type: ignore[misc]
-        keys, _ = self._terminal_keys(buffer, partition_id, fresh)
+        return fresh
+
+    @staticmethod
+    def _relabel(buffer: ReplayBuffer, partition_id: str, fresh: list[str], group_of: dict[str, str]) -> None:
+        """The finished continuation prompts ``fresh``: their trajectories carry their group's uid (``group_of``),
+        as verl's advantage groups by it."""
+        wanted = set(fresh) - buffer.failure_keys[partition_id]  # a failed continuation adds nothing
+        keys = [k for k in buffer.partitions[partition_id] if uid_of(k) in wanted]
         if keys:
             relabel = TensorDict({}, batch_size=len(keys))
-            of = dict(zip(fresh, groups))
-            tu.assign_non_tensor_stack(relabel, "uid", [of[uid_of(k)] for k in keys])
+            tu.assign_non_tensor_stack(relabel, "uid", [group_of[uid_of(k)] for k in keys])
             tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=relabel)
+
+    def _continue(self, buffer: ReplayBuffer, partition_id: str, first_keys: list[str], counts: list[int],
+                  owner: dict[str, str]) -> list[str]:
+        """A continuation round: ``counts[i]`` more rollouts of the prompt of ``first_keys[i]``'s group, dispatched
+        as new prompts (:meth:`_dispatch_more`) whose trajectories then carry the group's uid (verl's advantage
+        groups by it); waited for whole; returns their trajectory keys. A continuation prompt that fails adds
+        nothing to its group."""
+        groups = [owner.get(uid_of(k), uid_of(k)) for k in first_keys]
+        fresh = self._dispatch_more(groups, counts)
+        keys, _ = self._terminal_keys(buffer, partition_id, fresh)
+        self._relabel(buffer, partition_id, fresh, dict(zip(fresh, groups)))
         owner.update(zip(fresh, groups))
         return keys
 

@@ -18,7 +18,9 @@ method decision is reproducible across runs and resumes.
 
 from __future__ import annotations
 
+import heapq
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +157,16 @@ class FakeAgentLoop:
     each generated prompt's uid to its ``(data_source, extra_info.index)``."""
 
     def __init__(self, n: int, events: list[str], solved: dict[str, tuple[int, ...]] | None = None,
-                 shape: str = "plain") -> None:
+                 shape: str = "plain", delays: int | None = None) -> None:
         self.n = n
+        #: ``delays`` (a seed): each prompt finishes after a seeded number (1 to 4) of reads of TransferQueue
+        #: (:meth:`advance`), prompts due at the same read in a seeded order, so completion order differs from
+        #: dispatch order as on a real rollout engine; ``None``: a prompt finishes as it is dispatched.
+        self.delays = None if delays is None else random.Random(delays)
+        self.reads = 0
+        self._due: list[tuple[int, float, int, dict[str, Any]]] = []
+        #: ``("dispatch" | "finish", uid)`` in the order they happened.
+        self.log: list[tuple[str, str]] = []
         self.events = events
         self.solved = SOLVED if solved is None else solved
         #: ``plain``: one model turn, every response token in the mask; ``tool``: tool-agent trajectories
@@ -168,7 +178,6 @@ class FakeAgentLoop:
     def generate_sequences(self, batch) -> None:
         import transfer_queue as tq
         from tensordict.tensorclass import NonTensorData, NonTensorStack
-        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
         self.events.append("generate")
         size = len(batch)
@@ -183,46 +192,66 @@ class FakeAgentLoop:
                     prompts[i][k] = v.data
         self.generated_domains.append([p["data_source"] for p in prompts])
         for p in prompts:
-            uid, row, domain = p["uid"], int(p["extra_info"]["index"]), p["data_source"]
-            # As AgentLoopManagerTQ._run_prompt: validation prompts go to the "val" partition, val_kwargs.n (1)
-            # sessions each; a per-prompt __rollout_n__ column overrides rollout.n.
+            self.log.append(("dispatch", str(p["uid"])))
+            if self.delays is None:
+                self._finish(p)
+                continue
             partition = "val" if bool(p.get("validate", False)) else "train"
-            if partition == "train":
-                self.prompts[str(uid)] = (domain, row)
-            n = int(p.pop("__rollout_n__", self.n if partition == "train" else 1))
-            tq.kv_put(key=uid, partition_id=partition, tag={"status": "running"})
-            keys, fields, tags = [], [], []
-            for s in range(n):
-                plen, rlen = 3 + row % 3, 2 + (row + s) % 4
-                mask = torch.ones(rlen, dtype=torch.int64) if self.shape == "plain" else tool_response(s)
-                rlen = mask.numel()
-                prompt = torch.tensor([(row * 7 + j) % 120 + 2 for j in range(plen)], dtype=torch.int64)
-                resp = torch.tensor([(row * 11 + s * 5 + j) % 120 + 2 for j in range(rlen)], dtype=torch.int64)
-                # As verl's agent loop (agent_loop.py): the score on the last response token, whatever its mask.
-                rm = torch.zeros(rlen, dtype=torch.float32)
-                rm[-1] = 1.0 if s % self.n in self.solved[domain] else 0.0
-                step = int(p["global_steps"])
-                field = {k: v for k, v in p.items()}
-                field.update(
-                    prompts=prompt, responses=resp, response_mask=mask, loss_mask=mask,
-                    rollout_log_probs=behaviour_log_probs(row, s, rlen), rm_scores=rm, num_turns=2,
-                    input_ids=torch.cat([prompt, resp]), position_ids=torch.arange(plen + rlen),
-                    extra_fields={"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
-                    session_id=s,
-                )
-                # ``multi``: an agent loop returning two outputs per session (keys ``_0`` and ``_1``, both carrying
-                # the session's final score, as AgentLoopWorkerTQ._agent_loop_postprocess writes them).
-                outputs = 2 if self.shape == "multi" else 1
-                if self.shape == "multi":
-                    field["agent_name"] = "two_output_agent"
-                for index in range(outputs):
-                    keys.append(f"{uid}_{s}_{index}")
-                    fields.append(field)
-                    tags.append({"status": "success", "prompt_len": plen, "response_len": rlen,
-                                 "seq_len": plen + rlen, "global_steps": step,
-                                 "min_global_steps": step, "max_global_steps": step})
-            tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
-            tq.kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
+            tq.kv_put(key=p["uid"], partition_id=partition, tag={"status": "running"})
+            heapq.heappush(self._due, (self.reads + self.delays.randint(1, 4), self.delays.random(), len(self.log), p))
+
+    def advance(self) -> None:
+        """One read of TransferQueue passes: the prompts due by now finish, in their seeded order."""
+        self.reads += 1
+        while self._due and self._due[0][0] <= self.reads:
+            self._finish(heapq.heappop(self._due)[-1])
+
+    def _finish(self, p: dict[str, Any]) -> None:
+        """Write one prompt's trajectories into TQ and mark it finished, as ``AgentLoopWorkerTQ._run_prompt``."""
+        import transfer_queue as tq
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.log.append(("finish", str(p["uid"])))
+        uid, row, domain = p["uid"], int(p["extra_info"]["index"]), p["data_source"]
+        # As AgentLoopManagerTQ._run_prompt: validation prompts go to the "val" partition, val_kwargs.n (1)
+        # sessions each; a per-prompt __rollout_n__ column overrides rollout.n.
+        partition = "val" if bool(p.get("validate", False)) else "train"
+        if partition == "train":
+            self.prompts[str(uid)] = (domain, row)
+        n = int(p.pop("__rollout_n__", self.n if partition == "train" else 1))
+        tq.kv_put(key=uid, partition_id=partition, tag={"status": "running"})
+        keys, fields, tags = [], [], []
+        for s in range(n):
+            plen, rlen = 3 + row % 3, 2 + (row + s) % 4
+            mask = torch.ones(rlen, dtype=torch.int64) if self.shape == "plain" else tool_response(s)
+            rlen = mask.numel()
+            prompt = torch.tensor([(row * 7 + j) % 120 + 2 for j in range(plen)], dtype=torch.int64)
+            resp = torch.tensor([(row * 11 + s * 5 + j) % 120 + 2 for j in range(rlen)], dtype=torch.int64)
+            # As verl's agent loop (agent_loop.py): the score on the last response token, whatever its mask.
+            rm = torch.zeros(rlen, dtype=torch.float32)
+            rm[-1] = 1.0 if s % self.n in self.solved[domain] else 0.0
+            step = int(p["global_steps"])
+            field = {k: v for k, v in p.items()}
+            field.update(
+                prompts=prompt, responses=resp, response_mask=mask, loss_mask=mask,
+                rollout_log_probs=behaviour_log_probs(row, s, rlen), rm_scores=rm, num_turns=2,
+                input_ids=torch.cat([prompt, resp]), position_ids=torch.arange(plen + rlen),
+                extra_fields={"min_global_steps": step, "max_global_steps": step, "reward_extra_info": {}},
+                session_id=s,
+            )
+            # ``multi``: an agent loop returning two outputs per session (keys ``_0`` and ``_1``, both carrying
+            # the session's final score, as AgentLoopWorkerTQ._agent_loop_postprocess writes them).
+            outputs = 2 if self.shape == "multi" else 1
+            if self.shape == "multi":
+                field["agent_name"] = "two_output_agent"
+            for index in range(outputs):
+                keys.append(f"{uid}_{s}_{index}")
+                fields.append(field)
+                tags.append({"status": "success", "prompt_len": plen, "response_len": rlen,
+                             "seq_len": plen + rlen, "global_steps": step,
+                             "min_global_steps": step, "max_global_steps": step})
+        tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
+        tq.kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
 
 
 # ---------------------------------------------------------------------------- fake actor worker group
@@ -398,10 +427,23 @@ class Run:
         t.on_init_end()
         return self
 
-    def fit(self, solved: dict[str, tuple[int, ...]] | None = None, shape: str = "plain") -> Run:
-        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events, solved, shape)
+    def fit(self, solved: dict[str, tuple[int, ...]] | None = None, shape: str = "plain",
+            delays: int | None = None) -> Run:
+        """Train to the end. ``delays``: the fake agent loop's completion-delay seed (:class:`FakeAgentLoop`);
+        a read of TransferQueue by the replay buffer is what lets time pass."""
+        self.agent_loop = FakeAgentLoop(int(self.config.actor_rollout_ref.rollout.n), self.events, solved, shape,
+                                        delays)
         self.logged: list[dict[str, Any]] = []
         trainer = self.trainer
+        if delays is not None:
+            buffer, agent_loop = trainer.replay_buffer, self.agent_loop
+            sync = buffer._sync_metadata_from_transfer_queue
+
+            def read() -> None:
+                agent_loop.advance()
+                sync()
+
+            buffer._sync_metadata_from_transfer_queue = read
         original = trainer._compute_metrics
 
         def capture(batch, metrics, *args, **kwargs):

@@ -83,6 +83,7 @@ class PilotCommit(Allocator):
     needs_groups: ClassVar = True
     min_timing: ClassVar = "post_reward"
     rounds: ClassVar = 2
+    per_group_rule: ClassVar = True  # a group qualifies, commits or exits on its own counts
     intended_scorers: ClassVar = ("group_solve_rate",)
     params: ClassVar = {
         **ALLOCATION_PARAMS,

@@ -104,6 +104,7 @@ class ReinforceAda(Allocator):
     needs_groups: ClassVar = True
     min_timing: ClassVar = "post_reward"
     rounds: ClassVar = MAX_ROUNDS
+    per_group_rule: ClassVar = True  # a group qualifies, commits or exits on its own counts
     intended_scorers: ClassVar = ("group_solve_rate",)
     params: ClassVar = {
         **ALLOCATION_PARAMS,
