@@ -9,7 +9,11 @@ of :class:`~dataflex_bus.verl.trainer.DataflexTrainer` (before verl's ``PPOTrain
 * ``_generation_rounds``: the step's generation driven by the host kit (:class:`~dataflex_bus.generation.Generation`),
   as on every host: each round is dispatched, waited for until every group of it is terminal, put through
   ``on_rollout``; an allocator's continuation rounds dispatch more rollouts of a group's prompt under a new uid
-  and relabel them with the group's; the groups the fill does not train are evicted.
+  and relabel them with the group's; the groups the fill does not train are evicted. Where every rule at
+  ``on_rollout`` is per group (:meth:`Generation.pipelines <dataflex_bus.generation.Generation.pipelines>`),
+  a round's groups are screened as TransferQueue shows them finished and their continuations dispatched at
+  once (``_pipelined_round``), so the engine is not left idle behind a round's slowest group; the round is then
+  put through ``on_rollout`` whole, deciding what it would have decided without the screening.
 """
 
 from __future__ import annotations
@@ -121,9 +125,10 @@ class GenerationRounds:
 
     def _generation_rounds(self, buffer: ReplayBuffer, partition_id: str, batch_size: int) -> KVBatchMeta:
         """The step's generation under ``dataflex.refill``, run by the host kit as on every host: each round is
-        waited for until every group of it is terminal, put through ``on_rollout`` and added to the fill, which
-        says how many prompts the next round dispatches; then the groups the fill trains are the batch, in
-        arrival order, and every other group is evicted. The step's first round is what verl dispatched
+        waited for until every group of it is terminal (its continuations dispatched as its groups arrive where
+        the kit allows: :meth:`_pipelined_round`), put through ``on_rollout`` and added to the fill, which says
+        how many prompts the next round dispatches; then the groups the fill trains are the batch, rounds in
+        dispatch order, and every other group is evicted. The step's first round is what verl dispatched
         (``data.train_batch_size`` prompts), plus what a larger ``dataflex.refill.gen_batch_size`` asks."""
         step = self._current_step()
         gen = step.generation(batch_size)
