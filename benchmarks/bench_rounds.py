@@ -13,14 +13,14 @@ drawn uniformly). Policies:
   :class:`~dataflex_bus.fill.GroupFill` (``--refill-policy``, default ``greso``), each waited for until every group
   is terminal (the fill's rule reads the round's kept count), until ``--batch`` groups are kept;
 * ``speed`` (SPEED under ``dataflex.refill``, as ``verl/rounds.py`` runs it now): screening rounds of ``--screen``
-  rollouts a prompt, sized by the same fill; in a round no larger than the groups still needed each group's
-  continuation (the rest of its ``--n``) is dispatched as its screening arrives
-  (:meth:`~dataflex_bus.generation.Generation.pipelines`); a larger round waits for its whole screening, since
-  SPEED continues at most the groups still needed, in dispatch order; the next round waits for the last one;
+  rollouts a prompt, sized by the same fill; each group's continuation (the rest of its ``--n``) is dispatched as
+  soon as the kit's :class:`~dataflex_bus.screening.RoundScreening` releases it (SPEED's cap, the groups still
+  needed in dispatch order, can no longer turn it away), the rest once the round's screening is whole; the next
+  round waits for the last continuation;
 * ``speed_whole_rounds``: SPEED with every round and continuation waited for whole (before issue 44).
 
-The round sizes and which groups count as kept are the kit's code (``GroupFill``); the latencies, the rewards and
-SPEED's qualification (rewards that differ) are the model's.
+The round sizes, which groups count as kept and when a continuation is released are the kit's code (``GroupFill``,
+``RoundScreening``); the latencies, the rewards and SPEED's qualification (rewards that differ) are the model's.
 
 Prints per policy the mean step wall time over ``--steps`` steps, its ratio to DAPO's
 (``rounds_step_time_vs_dapo``, goal 1.1) and the engine-idle fraction (workers idle over workers x wall time,
@@ -41,6 +41,7 @@ import torch
 
 from dataflex_bus.block import RefillConfig
 from dataflex_bus.fill import GroupFill
+from dataflex_bus.screening import RoundScreening
 
 
 @dataclass
@@ -98,12 +99,12 @@ def kit_rounds(policy: str, args: argparse.Namespace, engine: Engine, rng: rando
                extend: Callable[[Group, int, Callable[[Group], None]], None],
                dispatch: Callable[[int, int, Callable[[Group], None]], None], kept: list[Group]) -> float:
     """One step of ``dataflex.refill`` rounds as ``verl/rounds.py`` runs them, sized and closed by the kit's own
-    :class:`~dataflex_bus.fill.GroupFill` (``--refill-policy``) and, for SPEED, pipelined exactly where
-    :meth:`~dataflex_bus.generation.Generation.pipelines` allows: a round no larger than the groups still
-    needed has each group's continuation dispatched as its screening arrives; a larger one (SPEED's cap on the
-    groups still needed, in dispatch order, could bind) waits for its whole screening first. Each round is
-    waited for whole before the fill sizes the next (its rule reads the round's kept count). ``speed_whole_rounds``:
-    SPEED with every round whole (the dispatch before issue 44). Returns the step's wall time."""
+    :class:`~dataflex_bus.fill.GroupFill` (``--refill-policy``) and, for SPEED, screened as its groups arrive by the
+    kit's own :class:`~dataflex_bus.screening.RoundScreening`: a group's continuation is dispatched as soon as SPEED's
+    cap (the groups still needed, first in dispatch order) can no longer turn it away; the rest once the round's
+    screening is whole. Each round is waited for whole before the fill sizes the next (its rule reads the round's
+    kept count). ``speed_whole_rounds``: SPEED with every round and continuation whole (before issue 44). Returns
+    the step's wall time."""
     n, screen = args.n, args.screen
     fill = GroupFill(args.batch, RefillConfig(max_rounds=0, policy=args.refill_policy, on_exhaust="train_short"))
     while (count := fill.request()) > 0:
@@ -116,35 +117,34 @@ def kit_rounds(policy: str, args: argparse.Namespace, engine: Engine, rng: rando
             kept.extend(g for g in came if g.varied)
             continue
         groups = [Group(rng) for _ in range(count)]
+        # The kit's screening of the round (Generation.screen): SPEED's cap takes the groups still needed, first
+        # in dispatch order; a continuation is released once no later arrival can turn it away.
+        screening = RoundScreening(range(count), needed, "dispatch")
+        screened: list[int] = []
+        sent: dict[int, bool] = {}
         done: list[Group] = []
-        pipelined = policy == "speed" and count <= needed
-        screened: list[Group] = []
 
-        def on_screen(g: Group, screened: list[Group] = screened, done: list[Group] = done,
-                      pipelined: bool = pipelined) -> None:
-            screened.append(g)
-            if pipelined:  # the kit screens the arriving group, the host dispatches its continuation at once
-                if g.varied:
-                    extend(g, n - screen, done.append)
-                else:
-                    done.append(g)
+        def on_screen(g: Group, i: int, screening: RoundScreening = screening, screened: list[int] = screened,
+                      sent: dict[int, bool] = sent, done: list[Group] = done, groups: list[Group] = groups) -> None:
+            screened.append(i)
+            if policy != "speed":
+                return
+            for j in screening.add([i], torch.tensor([n - screen if g.varied else 0])):
+                sent[j] = True
+                extend(groups[j], n - screen, done.append)
 
-        for g in groups:
-            extend(g, screen, on_screen)
-        if pipelined:
-            engine.run_until(lambda done=done, count=count: len(done) == count)
-            continued = [g.varied for g in groups]
-        else:
-            engine.run_until(lambda screened=screened, count=count: len(screened) == count)
-            # SPEED's rule on the whole round: the first groups still needed of the qualified, in dispatch order
-            qualified = [i for i, g in enumerate(groups) if g.varied][:needed]
-            for i in qualified:
+        for i, g in enumerate(groups):
+            extend(g, screen, lambda g, i=i, on_screen=on_screen: on_screen(g, i))
+        engine.run_until(lambda screened=screened, count=count: len(screened) == count)
+        # SPEED's rule on the whole round: the first groups still needed of the qualified, in dispatch order
+        qualified = [i for i, g in enumerate(groups) if g.varied][:needed]
+        for i in qualified:
+            if i not in sent:
                 extend(groups[i], n - screen, done.append)
-            want = len(qualified)
-            engine.run_until(lambda done=done, want=want: len(done) == want)
-            chosen = set(qualified)
-            continued = [i in chosen for i in range(count)]
-        keep = [c and g.varied for c, g in zip(continued, groups)]
+        want = len(qualified)
+        engine.run_until(lambda done=done, want=want: len(done) == want)
+        chosen = set(qualified)
+        keep = [i in chosen for i in range(count)]
         fill.add(torch.tensor(keep))
         kept.extend(g for g, k in zip(groups, keep) if k)
     return engine.now

@@ -136,11 +136,18 @@ class AllocationPart(StepPart):
     def continues(self) -> bool:
         return allocator(self.step.runtime, "on_rollout") is not None
 
-    def decides_per_group(self) -> bool:
+    def per_group_cap(self) -> str | None:
         """Every method at ``on_rollout`` decides each group on its own rows (:attr:`Plan.screens_on_arrival
-        <dataflex_bus.plan.Plan.screens_on_arrival>`): any other (a selection with a pool baseline, a budget
-        over the round) could change a group's count by what else is in the round."""
-        return self.step.runtime.plan.screens_on_arrival
+        <dataflex_bus.plan.Plan.screens_on_arrival>`; any other, a selection with a pool baseline or a budget over
+        the round, could change a group's count by what else is in the round): the strictest of their caps."""
+        from .mechanisms.allocate import Allocator
+        from .screening import strictest
+
+        runtime = self.step.runtime
+        if not runtime.plan.screens_on_arrival or runtime.pipeline is None:
+            return None
+        return strictest([m.actuator.continuation_cap() for m in runtime.pipeline.at("on_rollout")
+                          if isinstance(m.actuator, Allocator)])
 
     def more(self, batch: Batch, decision: Decision) -> Tensor | None:
         return continuation_counts(batch, decision)

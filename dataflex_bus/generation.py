@@ -23,6 +23,7 @@ from .decision import Decision
 from .errors import BatchFieldError, DataflexError
 from .fill import GroupFill, kept_groups
 from .ops import segment_min
+from .screening import RoundScreening, strictest
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -140,11 +141,14 @@ class Generation:
         self._asked = False
         #: A part may extend a round's groups (continuation rounds: an allocator acting at on_rollout).
         self.continues = any(part.continues() for part in step.parts.values())
-        #: Every part that continues decides each group on its own rows (read once): a round's groups may be
-        #: screened as they arrive (:meth:`screen`).
-        self.per_group = self.continues and all(part.decides_per_group() for part in step.parts.values()
-                                                if part.continues())
-        #: Continuation counts decided by :meth:`screen` for the round being generated, by group label.
+        # Every part that continues decides each group on its own rows (read once): a round's groups may be
+        # screened as they arrive (:meth:`screen`), under the strictest of their caps.
+        caps = [part.per_group_cap() for part in step.parts.values() if part.continues()]
+        self.cap_order: str | None = (strictest([c for c in caps if c is not None])
+                                      if self.continues and None not in caps else None)
+        #: The round being screened as it arrives (:meth:`begin_screening`), if any.
+        self._screening: RoundScreening | None = None
+        #: Continuations :meth:`screen` released for that round, by group label.
         self._screened: dict[Any, int] = {}
         self._open: _OpenRound | None = None
 
@@ -190,40 +194,49 @@ class Generation:
         self._open = _OpenRound(batch, batch, decision, counted)
         return decision
 
-    def _budget_view(self, batch: Batch, round_: int) -> Batch:
-        """``batch`` with the ``budget_*`` fields an allocator at on_rollout reads."""
-        return batch.with_fields(**self.step.budget_fields(self._still_needed()), budget_round=torch.tensor(round_))
-
     def _emit(self, batch: Batch, round_: int) -> Decision:
         step = self.step
-        decision = step.runtime.emit("on_rollout", self._budget_view(batch, round_), step.index)
+        view = batch.with_fields(**step.budget_fields(self._still_needed()), budget_round=torch.tensor(round_))
+        decision = step.runtime.emit("on_rollout", view, step.index)
         step.metrics.update(decision.metrics)
         return decision
 
     def _still_needed(self) -> int:
         return self.target - (self.fill.kept if self.fill is not None else 0)
 
-    def pipelines(self, groups: int) -> bool:
-        """Whether a round of ``groups`` groups may be decided group by group as they arrive (:meth:`screen`):
-        the rule is per group (:attr:`per_group`) and no cap of the groups the step still needs can bind (a
-        round no larger than that need: the cap picks groups in dispatch order, which arrival would change)."""
-        return self.per_group and 0 < groups <= self._still_needed()
+    @property
+    def per_group(self) -> bool:
+        """Every rule at ``on_rollout`` decides each group on its own rows (besides a cap on how many go on)."""
+        return self.cap_order is not None
 
-    def screen(self, batch: Batch) -> Tensor:
-        """Some groups of the next round, generated before the rest of it: ``on_rollout`` decides their
-        continuation now (long ``[batch.num_groups]``, more rollouts per group, in the batch's group order), so
-        the host can dispatch it at once. Only where :meth:`pipelines` says so. Nothing is counted or published
-        here: the round goes through :meth:`add` whole once it is generated, as it would without screening, and
-        :meth:`continuation` checks that the whole round decided what its groups were screened to."""
-        if self._open is not None:
-            raise ValueError("Generation.screen: a round is open; screen the next round's groups before add()")
-        decision = self.step.runtime.emit("on_rollout", self._budget_view(batch, 0), self.step.index)
+    def begin_screening(self, labels: Sequence[Any]) -> bool:
+        """The next round's groups (``labels``, their ``uid`` in dispatch order) will be screened as they arrive
+        (:meth:`screen`); False, and nothing to screen, when a rule at ``on_rollout`` reads the whole round."""
+        if self.cap_order is None or not labels:
+            return False
+        self._close()
+        self._screening = RoundScreening(labels, self._still_needed(), self.cap_order)
+        self._screened = {}
+        return True
+
+    def screen(self, batch: Batch) -> dict[Any, int]:
+        """Some groups of the round :meth:`begin_screening` named, generated before the rest of it:
+        ``on_rollout`` decides them now, uncapped (its ``budget_prompts`` covers them all), and the groups whose
+        continuation no later arrival can change under the rule's cap (:class:`~dataflex_bus.screening.RoundScreening`)
+        are returned, by label, with their counts, each once, so the host can dispatch them at once. Nothing is
+        counted or published here: the round goes through :meth:`add` whole once it is generated, as it would
+        without screening; :meth:`continuation` checks that it decides what was released and gives the rest."""
+        screening = self._screening
+        if screening is None:
+            raise ValueError("Generation.screen: no round is being screened (call begin_screening() first)")
+        needed = max(self._still_needed(), batch.num_groups)
+        view = batch.with_fields(**self.step.budget_fields(needed), budget_round=torch.tensor(0))
+        decision = self.step.runtime.emit("on_rollout", view, self.step.index)
         counts = self._per_group(batch, decision)
         more = torch.zeros(batch.num_groups, dtype=torch.long) if counts is None else counts
-        labels = self._group_labels(batch)
-        for label, count in zip(labels, more.tolist()):
-            self._screened[label] = int(count)
-        return more
+        released = screening.add(self._group_labels(batch), more)
+        self._screened.update(released)
+        return released
 
     def _per_group(self, batch: Batch, decision: Decision) -> Tensor | None:
         return next((more for part in self.step.parts.values() if (more := part.more(batch, decision)) is not None),
@@ -261,12 +274,14 @@ class Generation:
 
     def continuation(self) -> Continuation | None:
         """More rollouts the allocator asked for, for groups of the round just added (``None``: none; the round
-        is then complete). Groups :meth:`screen` decided on arrival are checked against the whole round."""
+        is then complete). The continuations :meth:`screen` released are checked against the whole round's and
+        are in it (the host dispatched them already)."""
         o = self._open
         if o is None:
             return None
         per_group = self._per_group(o.batch, o.decision)
-        if o.round == 0 and self._screened:
+        if o.round == 0 and self._screening is not None:
+            self._screening = None
             self._check_screened(o.batch, per_group)
         if per_group is None:
             self._close()

@@ -107,7 +107,8 @@ class Plan:
     def screens_on_arrival(self) -> bool:
         """A round's groups may be decided as each arrives and their continuations dispatched at once: an
         allocator continues groups at ``on_rollout`` and every method there decides each group on its own rows
-        (:meth:`Generation.pipelines <dataflex_bus.generation.Generation.pipelines>` adds the round's condition)."""
+        (:meth:`Generation.screen <dataflex_bus.generation.Generation.screen>`; each allocator's
+        ``continuation_cap`` says how early a group is sure under the cap of groups still needed)."""
         return bool(self.continues_groups) and not self.reads_whole_round
 
     @property

@@ -34,7 +34,7 @@ R = TypeVar("R", bound="RunPart")
 
 class StepPart:
     """One data-flow mechanism's part of one step. The hooks, in step order (each a no-op by default):
-    :meth:`prompts`, :meth:`continues`, :meth:`decides_per_group`, :meth:`more`, :meth:`extended`, :meth:`round_done`,
+    :meth:`prompts`, :meth:`continues`, :meth:`per_group_cap`, :meth:`more`, :meth:`extended`, :meth:`round_done`,
     :meth:`advantage_batch`, :meth:`after_advantage`, :meth:`end`."""
 
     def __init__(self, step: Step) -> None:
@@ -54,9 +54,10 @@ class StepPart:
         """Whether a round's groups may get more rollouts after ``on_rollout`` (continuation rounds)."""
         return False
 
-    def decides_per_group(self) -> bool:
-        """Whether :meth:`more` decides each group on its own rows, so a group may be decided as it arrives."""
-        return False
+    def per_group_cap(self) -> str | None:
+        """``None``: :meth:`more` reads the whole round. Else it decides each group on its own rows, so a group
+        may be decided as it arrives, under a cap taken in this order (:data:`~dataflex_bus.screening.CAP_ORDERS`)."""
+        return None
 
     def more(self, batch: Batch, decision: Decision) -> Tensor | None:
         """Long ``[G]``: more rollouts for each group of the open round (``None``: none)."""

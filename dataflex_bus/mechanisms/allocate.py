@@ -102,6 +102,13 @@ class Allocator(Actuator):
     max_n: int
     singletons: bool
 
+    def continuation_cap(self) -> str:
+        """Under :attr:`per_group_rule`: how the groups still needed are taken among the passing ones, which
+        decides how early a group's continuation is certain (:data:`~dataflex_bus.screening.CAP_ORDERS`):
+        ``"none"`` (no cap), ``"dispatch"`` (the first in dispatch order) or ``"any"`` (another order: a passing
+        group waits until the round cannot hold more passing groups than are needed)."""
+        return "any"
+
     @classmethod
     def check_params(cls, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         if values["min_n"] > values["max_n"]:

@@ -10,10 +10,10 @@ of :class:`~dataflex_bus.verl.trainer.DataflexTrainer` (before verl's ``PPOTrain
   as on every host: each round is dispatched, waited for until every group of it is terminal, put through
   ``on_rollout``; an allocator's continuation rounds dispatch more rollouts of a group's prompt under a new uid
   and relabel them with the group's; the groups the fill does not train are evicted. Where every rule at
-  ``on_rollout`` is per group (:meth:`Generation.pipelines <dataflex_bus.generation.Generation.pipelines>`),
-  a round's groups are screened as TransferQueue shows them finished and their continuations dispatched at
-  once (``_pipelined_round``), so the engine is not left idle behind a round's slowest group; the round is then
-  put through ``on_rollout`` whole, deciding what it would have decided without the screening.
+  ``on_rollout`` is per group (:meth:`Generation.begin_screening <dataflex_bus.generation.Generation.begin_screening>`),
+  a round's groups are screened as TransferQueue shows them finished and each continuation dispatched as soon as
+  the kit releases it (``_pipelined_round``), so the engine is not left idle behind a round's slowest group; the
+  round is then put through ``on_rollout`` whole, deciding what it would have decided without the screening.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class GenerationRounds:
     _add_prompts_to_generate: Callable[[int], int]
 
     #: Decide a round's groups as they arrive and dispatch their continuations at once, where the kit allows it
-    #: (:meth:`Generation.pipelines`); False: every round waited for whole, as before issue 44 (for comparison).
+    #: (:meth:`Generation.begin_screening`); False: every round waited for whole, as before issue 44 (comparisons).
     dispatch_per_group: bool = True
 
     def _build_replay_buffer(self):
@@ -140,9 +140,9 @@ class GenerationRounds:
         owner: dict[str, str] = {}
         while True:
             uids, self._dispatched = self._dispatched, []
-            ahead: list[str] | None = None  # continuation keys dispatched as their groups arrived
-            if self.dispatch_per_group and gen.pipelines(len(uids)):
-                keys, failed, ahead = self._pipelined_round(buffer, partition_id, uids, gen, owner)
+            ahead: dict[str, str] | None = None  # continuations dispatched as their groups arrived -> group
+            if self.dispatch_per_group and gen.begin_screening(uids):
+                keys, failed, ahead = self._pipelined_round(buffer, partition_id, uids, gen)
             else:
                 keys, failed = self._terminal_keys(buffer, partition_id, uids)
             if keys:
@@ -150,11 +150,13 @@ class GenerationRounds:
                 gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True),
                         prompt_tokens=prompt_tokens(tags))
                 while (more := gen.continuation()) is not None:
+                    first_keys = [keys[r] for r in more.rows.tolist()]
                     if ahead is not None:  # the kit checked that the whole round asks for what was dispatched
-                        extra, ahead = ahead, None
+                        extra = self._rest_of_continuation(buffer, partition_id, uids, first_keys,
+                                                           more.counts.tolist(), ahead, owner)
+                        ahead = None
                     else:
-                        extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
-                                               more.counts.tolist(), owner)
+                        extra = self._continue(buffer, partition_id, first_keys, more.counts.tolist(), owner)
                     keys = keys + extra
                     tags = [buffer.partitions[partition_id][k] for k in extra]
                     gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
@@ -215,17 +217,16 @@ class GenerationRounds:
         keys.sort(key=lambda k: position[uid_of(k)])
         return keys, failed
 
-    def _pipelined_round(self, buffer: ReplayBuffer, partition_id: str, uids: list[str], gen: Generation,
-                         owner: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
-        """A round whose groups are decided as they arrive (:meth:`Generation.pipelines`): at every read of
-        TransferQueue that shows groups newly finished, the kit screens them (:meth:`Generation.screen`) and
-        their continuations are dispatched at once, while the rest of the round is still generated. Returns,
-        once every prompt of the round and every continuation is terminal, the round's trajectory keys and
-        failed prompts as :meth:`_terminal_keys` gives them, and the continuations' keys (relabelled with
-        their groups' uids) in the order of their groups in the round, as :meth:`_continue` gives them."""
-        round_ = set(uids)
+    def _pipelined_round(self, buffer: ReplayBuffer, partition_id: str, uids: list[str],
+                         gen: Generation) -> tuple[list[str], list[str], dict[str, str]]:
+        """A round whose groups are decided as they arrive (:meth:`Generation.begin_screening`): at every read of
+        TransferQueue that shows groups newly finished, the kit screens them (:meth:`Generation.screen`) and the
+        continuations it releases are dispatched at once, while the rest of the round is still generated. Returns,
+        once every prompt of the round and every continuation dispatched is terminal, the round's trajectory keys
+        and failed prompts as :meth:`_terminal_keys` gives them, and the continuations dispatched (their prompt
+        uid -> their group's uid, their trajectories relabelled)."""
         continued: dict[str, str] = {}  # continuation prompt uid -> its group's uid
-        for arrived in self._arrivals(buffer, partition_id, round_, continued):
+        for arrived in self._arrivals(buffer, partition_id, set(uids), continued):
             fresh = [u for u in arrived if u in continued]
             if fresh:
                 self._relabel(buffer, partition_id, fresh, continued)
@@ -234,20 +235,28 @@ class GenerationRounds:
                 continue
             keys, _ = self._keys_of(buffer, partition_id, finished)
             tags = [buffer.partitions[partition_id][k] for k in keys]
-            counts = gen.screen(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags),
-                                               emits=True)).tolist()
-            firsts = list(dict.fromkeys(uid_of(k) for k in keys))  # the batch's groups, in its order
-            go = [(u, c) for u, c in zip(firsts, counts) if c > 0]
-            if go:
-                sent = self._dispatch_more([u for u, _ in go], [c for _, c in go])
-                continued.update(zip(sent, (u for u, _ in go)))
+            released = gen.screen(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags),
+                                                 emits=True))
+            if released:
+                groups = list(released)
+                continued.update(zip(self._dispatch_more(groups, [released[g] for g in groups]), groups))
         keys, failed = self._terminal_keys(buffer, partition_id, uids)
+        return keys, failed, continued
+
+    def _rest_of_continuation(self, buffer: ReplayBuffer, partition_id: str, uids: list[str], first_keys: list[str],
+                              counts: list[int], ahead: dict[str, str], owner: dict[str, str]) -> list[str]:
+        """A pipelined round's continuation: the groups of ``first_keys`` not dispatched ahead (``ahead``: prompt
+        uid -> group) are dispatched now and waited for (:meth:`_continue`); returns every continuation's keys
+        in the order of their groups in the round (``uids``), as :meth:`_continue` gives them."""
+        sent = set(ahead.values())
+        rest = [(k, c) for k, c in zip(first_keys, counts) if uid_of(k) not in sent]
+        late = self._continue(buffer, partition_id, [k for k, _ in rest], [c for _, c in rest], owner) if rest else []
+        landed = set(ahead) - buffer.failure_keys[partition_id]  # a failed continuation adds nothing
+        owner.update(ahead)
         position = {u: i for i, u in enumerate(uids)}
-        landed = set(continued) - buffer.failure_keys[partition_id]
-        extra = [k for k in buffer.partitions[partition_id] if uid_of(k) in landed]
-        extra.sort(key=lambda k: position[continued[uid_of(k)]])
-        owner.update(continued)
-        return keys, failed, extra
+        extra = [k for k in buffer.partitions[partition_id] if uid_of(k) in landed] + late
+        extra.sort(key=lambda k: position[owner[uid_of(k)]])
+        return extra
 
     def _arrivals(self, buffer: ReplayBuffer, partition_id: str, round_: set[str],
                   continued: dict[str, str]) -> Iterator[set[str]]:

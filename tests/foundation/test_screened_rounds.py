@@ -1,6 +1,7 @@
 """Groups decided as they arrive (``Generation.screen``): which blocks may be (``Plan.screens_on_arrival``), which
-rounds (``Generation.pipelines``), that the whole round then asks for what the screening did whatever the arrival
-order, and that a method declaring a per-group rule while reading the round is caught, named."""
+groups a capped rule releases early (never one a later arrival could turn away), that the whole round then asks
+for what the screening released whatever the arrival order, and that a method declaring a per-group rule while
+reading the round is caught, named."""
 
 from __future__ import annotations
 
@@ -37,6 +38,31 @@ class Mixed(Allocator):
                           metrics={"mixed/groups": float(g)})
 
 
+    def continuation_cap(self):
+        return "none"
+
+
+class Capped(Mixed):
+    """SPEED's cap: at most the groups still needed go on, the first mixed ones in dispatch order."""
+
+    def allocate(self, batch, score, step, budget):
+        out = Mixed.allocate(self, batch, score, step, budget)
+        gi = batch.group_index.clamp_min(0)
+        go = torch.zeros(batch.num_groups, dtype=torch.bool)
+        go[gi[out.keep]] = True
+        go &= torch.cumsum(go.long(), 0) <= budget.prompts
+        keep = out.keep & go[gi]
+        return Allocation(torch.where(keep, out.counts, 0), keep=keep)
+
+    def continuation_cap(self):
+        return "dispatch"
+
+
+class AnyOrder(Capped):
+    def continuation_cap(self):
+        return "any"
+
+
 class WholeRound(Mixed):
     """Declares a per-group rule but gives more rollouts the more groups the batch holds: reads the round."""
 
@@ -54,6 +80,8 @@ def comps(register):
     register("allocator", "t_mixed", Mixed)
     register("allocator", "t_whole_round", WholeRound)
     register("allocator", "t_undeclared", Undeclared)
+    register("allocator", "t_capped", Capped)
+    register("allocator", "t_any_order", AnyOrder)
 
 
 def block(actuator: str) -> dict:
@@ -86,38 +114,73 @@ def test_the_plan_screens_on_arrival_only_where_every_rule_at_on_rollout_is_per_
     assert not Knapsack.per_group_rule  # one budget over every prompt: its rule reads them all
 
 
-def test_a_round_larger_than_the_groups_still_needed_is_not_pipelined(comps):
-    gen = StepKit(Runtime(block("t_mixed"), host=HOST)).begin(0).generation(4)
-    assert gen.pipelines(4) and gen.pipelines(1)
-    assert not gen.pipelines(5) and not gen.pipelines(0)
+def run_round(actuator: str, target: int, arrivals: list[list[str]] | None):
+    """One round of a, b, c, d (in dispatch order) for ``target`` groups, screened in ``arrivals`` (``None``:
+    not screened): the continuations released on arrival, the whole round's continuation and the metrics."""
+    step = StepKit(Runtime(block(actuator), host=HOST)).begin(0)
+    gen = step.generation(target)
+    gen.request()
+    released: dict[str, int] = {}
+    if arrivals is not None:
+        assert gen.begin_screening(list("abcd"))
+        for wave in arrivals:
+            order = [u for u in "abcd" if u in wave]  # a read's arrivals, in dispatch order
+            got = gen.screen(groups(order, REWARDS))
+            assert not set(got) & set(released)  # each released once
+            released.update(got)
+    gen.add(groups(list("abcd"), REWARDS))
+    more = gen.continuation()
+    whole = None if more is None else (more.rows.tolist(), more.counts.tolist())
+    return released, whole, dict(step.metrics)
 
 
 @pytest.mark.parametrize("arrivals", [[["c", "a"], ["d"], ["b"]], [["d", "b", "c", "a"]], [["a"], ["b"], ["c"], ["d"]]])
 def test_the_whole_round_asks_for_what_its_groups_were_screened_to_in_any_arrival_order(comps, arrivals):
-    def run(screen: bool):
-        step = StepKit(Runtime(block("t_mixed"), host=HOST)).begin(0)
-        gen = step.generation(4)
-        assert gen.request() == 4
-        screened = {}
-        if screen:
-            for wave in arrivals:
-                order = [u for u in "abcd" if u in wave]  # a read's arrivals, in dispatch order
-                screened.update(zip(order, gen.screen(groups(order, REWARDS)).tolist()))
-        gen.add(groups(list("abcd"), REWARDS))
-        more = gen.continuation()
-        return screened, (more.rows.tolist(), more.counts.tolist()), dict(step.metrics)
+    released, whole, metrics = run_round("t_mixed", 4, arrivals)
+    assert released == {"a": 2, "c": 2}  # no cap: every mixed group as it arrives
+    _, plain, plain_metrics = run_round("t_mixed", 4, None)
+    assert whole == plain == ([0, 4], [2, 2])
+    assert metrics == plain_metrics and metrics["dataflex/mixed/groups"] == 4.0  # the whole round's, not a wave's
 
-    screened, whole, metrics = run(True)
-    assert screened == {"a": 2, "b": 0, "c": 2, "d": 0}
-    plain = run(False)
-    assert whole == plain[1] == ([0, 4], [2, 2])
-    assert metrics == plain[2] and metrics["dataflex/mixed/groups"] == 4.0  # the whole round's, not a wave's
+
+REWARDS_CAPPED = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [1.0, 0.0], "d": [0.0, 0.0]}
+
+
+@pytest.mark.parametrize(("actuator", "arrivals", "released"), [
+    # c passes first but a and b, before it, may still pass: held; a is sure at once, b once it is back
+    ("t_capped", [["c"], ["a"], ["d"], ["b"]], [{}, {"a": 2}, {}, {"b": 2}]),
+    ("t_capped", [["a", "b"], ["c", "d"]], [{"a": 2, "b": 2}, {}]),
+    # another order: nothing is sure while the round may hold more passing groups than the 2 needed
+    ("t_any_order", [["a"], ["d"], ["b"], ["c"]], [{}, {}, {}, {}]),
+])
+def test_a_capped_rule_releases_a_group_only_once_no_later_arrival_can_turn_it_away(comps, monkeypatch, actuator,
+                                                                                   arrivals, released):
+    monkeypatch.setitem(REWARDS, "b", REWARDS_CAPPED["b"])
+    step = StepKit(Runtime(block(actuator), host=HOST)).begin(0)
+    gen = step.generation(2)  # the round of 4 is larger than the 2 groups still needed: the cap binds
+    gen.request()
+    assert gen.begin_screening(list("abcd"))
+    got = [gen.screen(groups([u for u in "abcd" if u in wave], REWARDS)) for wave in arrivals]
+    assert got == released
+    gen.add(groups(list("abcd"), REWARDS))
+    more = gen.continuation()
+    assert (more.rows.tolist(), more.counts.tolist()) == ([0, 2], [2, 2])  # a and b: the first 2 mixed groups
+
+
+def test_a_round_is_screened_only_where_every_rule_is_per_group(comps):
+    assert not StepKit(Runtime(block("t_undeclared"), host=HOST)).begin(0).generation(4).begin_screening(list("ab"))
+    gen = StepKit(Runtime(block("t_capped"), host=HOST)).begin(0).generation(4)
+    assert gen.cap_order == "dispatch" and not gen.begin_screening([])
+    with pytest.raises(ValueError, match="not of this round"):
+        gen.begin_screening(["a"])
+        gen.screen(groups(["b"], REWARDS))
 
 
 def test_a_declared_per_group_rule_that_reads_the_round_is_named(comps):
     step = StepKit(Runtime(block("t_whole_round"), host=HOST)).begin(0)
     gen = step.generation(4)
     gen.request()
+    gen.begin_screening(list("abcd"))
     gen.screen(groups(["a"], REWARDS))  # 1 group in the batch: 1 more rollout
     gen.add(groups(list("abcd"), REWARDS))  # 4 groups: 4 more
     with pytest.raises(DataflexError, match=r"\['allocate:t_whole_round'\] declare a per-group rule .* group 'a' got "

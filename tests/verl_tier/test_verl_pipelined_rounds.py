@@ -27,11 +27,13 @@ PILOT_COMMIT = ["+dataflex.mechanism=allocate", "+dataflex.scorer.name=group_sol
 REINFORCE_ADA = ["+dataflex.mechanism=allocate",
                  "+dataflex.scorer={name: group_solve_rate, params: {success_threshold: 0.7}}",
                  "+dataflex.actuator={name: reinforce_ada, params: {final_keep: 2, max_rounds: 3}}"]
-#: Refill rounds as large as the groups still needed: every round is pipelined (a larger round waits whole).
+#: Refill rounds as large as the groups still needed (SPEED's cap cannot bind) and twice that (it does: a group
+#: is released only once the groups before it cannot take its place).
 REFILL = ["+dataflex.refill={gen_batch_size: 4, policy: fixed, max_rounds: 4, on_exhaust: train_short}"]
+REFILL_LARGE = ["+dataflex.refill={gen_batch_size: 8, policy: fixed, max_rounds: 4, on_exhaust: train_short}"]
 
-CASES = {"speed": SPEED, "speed-refill": SPEED + REFILL, "pilot-commit-refill": PILOT_COMMIT + REFILL,
-         "reinforce-ada": REINFORCE_ADA}
+CASES = {"speed": SPEED, "speed-refill": SPEED + REFILL, "speed-refill-capped": SPEED + REFILL_LARGE,
+         "pilot-commit-refill": PILOT_COMMIT + REFILL, "reinforce-ada": REINFORCE_ADA}
 #: The dataset's domains in row order (prompts are drawn in order): Reinforce-Ada continues only the groups with
 #: no right answer (code), so its steps start with them.
 DOMAINS = {"reinforce-ada": {"code": 6, "math": 6, "logic": 6}}

@@ -435,6 +435,9 @@ class Speed(Allocator):
     }
     n_continue: int
 
+    def continuation_cap(self) -> str:
+        return "dispatch"  # the groups still needed, first in arrival (dispatch) order
+
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
         if score.counts is None or score.totals is None:
             raise BatchFieldError(self.who, "score.counts", "needs the integer right/total counts of each group "

@@ -125,6 +125,10 @@ class PilotCommit(Allocator):
                            f"{self.max_n}; raise max_n or lower n_commit"))
         return issues
 
+    def continuation_cap(self) -> str:
+        # commit_order arrival takes the first passed pilots in dispatch order; max_variance ranks them all
+        return "dispatch" if self.commit_order == "arrival" else "any"
+
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
         if score.counts is None or score.totals is None:
             raise BatchFieldError(self.who, "score.counts", "needs the integer right/total counts of each group "

@@ -135,6 +135,9 @@ class ReinforceAda(Allocator):
                      "Algorithm 1 takes M >= n)")]
         return []
 
+    def continuation_cap(self) -> str:
+        return "none"  # every unexited group goes on, however many
+
     def allocate(self, batch: Batch, score: Score, step: int, budget: Budget) -> Allocation:
         if score.counts is None or score.totals is None:
             raise BatchFieldError(self.who, "score.counts", "needs the integer positive/total counts of each group "
