@@ -141,8 +141,8 @@ class Generation:
         self._asked = False
         #: A part may extend a round's groups (continuation rounds: an allocator acting at on_rollout).
         self.continues = any(part.continues() for part in step.parts.values())
-        # Every part that continues decides each group on its own rows (read once): a round's groups may be
-        # screened as they arrive (:meth:`screen`), under the strictest of their caps.
+        #: ``cap_order``: set when every part that continues decides each group on its own rows (read once): a
+        #: round's groups may then be screened as they arrive (:meth:`screen`), under the strictest of their caps.
         caps = [part.per_group_cap() for part in step.parts.values() if part.continues()]
         self.cap_order: str | None = (strictest([c for c in caps if c is not None])
                                       if self.continues and None not in caps else None)
@@ -203,11 +203,6 @@ class Generation:
 
     def _still_needed(self) -> int:
         return self.target - (self.fill.kept if self.fill is not None else 0)
-
-    @property
-    def per_group(self) -> bool:
-        """Every rule at ``on_rollout`` decides each group on its own rows (besides a cap on how many go on)."""
-        return self.cap_order is not None
 
     def begin_screening(self, labels: Sequence[Any]) -> bool:
         """The next round's groups (``labels``, their ``uid`` in dispatch order) will be screened as they arrive
