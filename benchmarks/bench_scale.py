@@ -18,7 +18,8 @@ tokens (band selection at on_rollout), the prompt history's (and its table's) by
 the prompt table's build time at 10M rows, and the shim's step time per row from 64 to 4,096 prompts per step
 (group size 4, advantage_reweight; a run of 3 steps less a run of 1, so the set-up is not counted).
 
-Run: ``python benchmarks/bench_scale.py [--rows 16384 --tokens 8192]`` (a few minutes; ``--quick`` for a look).
+Run: ``python benchmarks/bench_scale.py [--rows 16384 --tokens 8192]`` (a few minutes; ``--quick`` for a look;
+``--part driver`` or ``--part curves`` runs one half, for a machine where the whole run must be split).
 """
 
 from __future__ import annotations
@@ -215,10 +216,15 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="smaller curves")
-    parser.add_argument("--no-curves", action="store_true")
+    parser.add_argument("--no-curves", action="store_true", help="the driver table only (same as --part driver)")
+    parser.add_argument("--part", choices=("all", "driver", "curves"), default="all",
+                        help="driver: the per-method table against verl; curves: the cost curves")
     args = parser.parse_args()
     if args.one:
         return child(args)
+    if args.part == "curves":
+        curves(args.quick)
+        return 0
     verl = run_child("verl", args.rows, args.tokens)
     print(f"{args.rows:,} rows x up to {args.tokens:,} response tokens (log-uniform), torch on one thread; one "
           f"dense float32 [B, T] field = {verl['field'] / 2**20:,.0f} MiB")
@@ -231,7 +237,7 @@ def main() -> int:
         print(f"{method:<34}{r['seconds']:>9.2f}{ratio:>9.2f}{r['added'] / 2**20:>16,.0f}{fields:>8.2f}")
         emit("driver_peak_memory_fields", fields, 1.0, "dense float32 [B,T] fields", method=method)
         emit("driver_time_vs_verl", ratio, 1.0, "x", method=method)
-    if not args.no_curves:
+    if not args.no_curves and args.part == "all":
         curves(args.quick)
     return 0
 

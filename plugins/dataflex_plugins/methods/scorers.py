@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
+from dataflex_bus import jagged
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Scorer
 from dataflex_bus.ops import gather_segments, segment_sum
@@ -142,6 +144,9 @@ class TokenEntropy(Scorer):
     params: ClassVar = {}
 
     def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
+        held, mask = batch.jagged_field("entropy"), batch.jagged_field("response_mask")
+        if held is not None and mask is not None and held.values().dim() == 1 and jagged.same_rows(held, mask):
+            return self._score_tokens(batch, held, mask)
         entropy = batch["entropy"]
         check_token_shape(self.who, "entropy", entropy, batch)
         tm = batch.token_mask
@@ -154,3 +159,18 @@ class TokenEntropy(Scorer):
             below = int(torch.count_nonzero((values < 0.01) & tm))
             metrics = {"entropy/mean": total / n, "entropy/below_0.01": below / n}
         return Score(values=values, granularity="token", metrics=metrics)
+
+    def _score_tokens(self, batch: Batch, entropy: Tensor, mask: Tensor) -> Score:
+        """:meth:`score` from jagged ``entropy`` and ``response_mask`` (verl's driver): the masking and the metrics
+        on the tokens alone (a sixth of ``[B, T]`` at log-uniform lengths), then one dense float32 score; neither
+        field is padded."""
+        valid = mask.values().ne(0)
+        if bool(batch.is_padding.any()):
+            valid &= torch.repeat_interleave(batch.valid_rows, jagged.row_lengths(mask), output_size=valid.numel())
+        values = torch.where(valid, entropy.values().to(torch.float32), 0.0)
+        n = int(torch.count_nonzero(valid))
+        metrics = {}
+        if n:
+            below = int(torch.count_nonzero((values < 0.01) & valid))
+            metrics = {"entropy/mean": float(values.sum()) / n, "entropy/below_0.01": below / n}
+        return Score(values=jagged.dense(jagged.like(entropy, values)), granularity="token", metrics=metrics)
