@@ -106,3 +106,21 @@ def test_top_entropy_pads_no_float_field_of_the_batch():
     assert decision.tokens is not None and torch.equal(decision.tokens, expected.tokens)
     assert decision.metrics.keys() == expected.metrics.keys()
     assert all(decision.metrics[k] == pytest.approx(expected.metrics[k], rel=1e-6) for k in expected.metrics)
+
+
+def test_token_prob_reweighting_pads_no_float_field_of_the_batch():
+    """Advantage reweighting by token probability: ``exp(old_log_probs)`` on the jagged tokens, one dense score;
+    the weights are the padded batch's."""
+    from dataflex_bus.host import ANY_HOST
+    from dataflex_bus.runtime import Runtime
+
+    method = {"mechanism": "reweight", "scorer": {"name": "token_prob"},
+              "actuator": {"name": "advantage_reweight", "params": {"alpha": 0.5}}}
+    host = ANY_HOST.replace(name="verl", adv_estimator="grpo", group_size=4)
+    td = verl_rollouts(seed=4)
+    tags = [{"is_padding": i >= len(td) - 4} for i in range(len(td))]  # verl's padding rows weigh 1
+    batch = to_batch(td, tags)
+    decision = Runtime(method, host=host).emit("on_advantage", batch, 1)
+    assert batch.dense_views() == ["response_mask"]
+    expected = Runtime(method, host=host).emit("on_advantage", to_batch(padded_copy(td), tags), 1)
+    assert decision.weights is not None and torch.equal(decision.weights, expected.weights)
