@@ -40,16 +40,8 @@ def bus_field(name: str, t: Tensor) -> Tensor:
     if jagged.is_jagged(t):
         return jagged.like(t, t.values().ne(0)) if is_mask(name, t) else t
     if t.is_nested:
-        return padded_field(name, padded(t))
+        t = padded(t)
     return t.ne(0) if is_mask(name, t) else t
-
-
-def padded_field(name: str, t: Tensor) -> Tensor:
-    """Field ``name`` right-padded to ``[B, T]``: a mask as bool (padded from its bool values, never as int64
-    first), any other field as it is."""
-    if jagged.is_jagged(t):
-        return jagged.dense(bus_field(name, t))
-    return bus_field(name, t)
 
 
 def to_nested(dense: Tensor, like: Tensor) -> Tensor:
@@ -60,22 +52,17 @@ def to_nested(dense: Tensor, like: Tensor) -> Tensor:
     """
     if not like.is_nested:
         raise BatchFieldError("dataflex verl adapter", "response_mask", "expected a nested (jagged) tensor")
-    offsets: Tensor = like.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
-    lengths = offsets.diff()
-    width = dense.shape[1]
-    if lengths.numel() and int(lengths.max()) > width:
+    offsets = jagged.offsets_of(like)
+    width, longest = dense.shape[1], jagged.longest(like)
+    if longest > width:
         raise BatchFieldError("dataflex verl adapter", "<re-nest>",
-                              f"padded width {width} is shorter than the longest row {int(lengths.max())}")
+                              f"padded width {width} is shorter than the longest row {longest}")
     values = torch.ops.aten._padded_dense_to_jagged_forward(dense.contiguous(), [offsets.to(dense.device)],
                                                             int(offsets[-1]) if offsets.numel() else 0)
     if values.dtype == torch.bool and like.dtype != torch.bool:
         # A mask the bus held as bool goes back in TransferQueue's dtype: converted on the tokens, not the padding.
         values = values.to(like.dtype)
-    # Pass the row-length bounds: without them torch pads such a tensor to its *total* length.
-    longest = int(lengths.max()) if lengths.numel() else 0
-    shortest = int(lengths.min()) if lengths.numel() else 0
-    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, max_seqlen=longest,
-                                                  min_seqlen=shortest)
+    return jagged.like(like, values)
 
 
 def fetch(meta: KVBatchMeta, fields: Iterable[str]) -> TensorDict:
