@@ -3,9 +3,9 @@ how the cost grows (a script, not a test).
 
 verl's driver (the TaskRunner actor) holds no GPU and may run torch on one thread. Its batch comes out of
 TransferQueue as jagged nested tensors; here ``--rows`` rows (default 16,384) with response lengths
-log-uniform in [16, ``--tokens``] (default 8,192). Per method (the seed's band selection at on_rollout,
-``max_variance`` at on_rollout, ``advantage_reweight`` and ``top_entropy`` at on_advantage), in a fresh process
-each, torch on one thread:
+log-uniform in [16, ``--tokens``] (default 8,192). Per method (the seed's band selection at on_rollout;
+``max_variance``, which rewrites the advantages, ``advantage_reweight`` and ``top_entropy`` at on_advantage), in a
+fresh process each, torch on one thread:
 
 * ``driver_peak_memory_fields``: the peak resident memory the bus adds over the inputs (the adapter's
   :func:`~dataflex_bus.verl.tqbatch.to_batch` of the fields the method asks for, then the event), in units of
@@ -39,7 +39,7 @@ GROUP = 8
 METHODS: dict[str, dict[str, Any]] = {
     "band@on_rollout": {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
                         "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}},
-    "max_variance@on_rollout": {"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+    "max_variance@on_advantage": {"mechanism": "select", "scorer": {"name": "reward_difficulty"},
                                 "actuator": {"name": "max_variance", "params": {"keep_fraction": 0.5}}},
     "advantage_reweight@on_advantage": {"mechanism": "reweight", "scorer": {"name": "token_prob"},
                                         "actuator": {"name": "advantage_reweight", "params": {"alpha": 0.5}}},
@@ -113,6 +113,8 @@ def bus_pass(method: str, td: Any, tags: list[dict[str, Any]]) -> None:
     from dataflex_bus.verl.tqbatch import to_batch
 
     rt = Runtime(METHODS[method], host=ANY_HOST.replace(name="verl", adv_estimator="grpo", group_size=GROUP))
+    if not rt.listens(method.partition("@")[2]):
+        raise SystemExit(f"bench_scale: {method} does not act at the event its name says")
     for event in ("on_rollout", "on_advantage"):
         if rt.listens(event):
             names = sorted(rt.fields(event) | {"uid", "data_source"})
