@@ -19,8 +19,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from .. import jagged
-from ..kit import Batch, BatchFieldError
+from ..kit import Batch, BatchFieldError, jagged
 
 
 def padded(t: Tensor, pad: float = 0) -> Tensor:
