@@ -78,19 +78,8 @@ class BatchWatch:
     named in ``reads`` are also fingerprinted (:mod:`.fingerprint`: one pass over each, before and after),
     which sees writes that bypass the version counter (``.data``, a NumPy view)."""
 
-    __slots__ = (
-        "_attr_keys",
-        "_attrs",
-        "_batch",
-        "_field_keys",
-        "_fields",
-        "_items",
-        "_prints",
-        "_reads",
-        "_tensors",
-        "_versions",
-        "_views_written",
-    )
+    __slots__ = ("_attr_keys", "_attrs", "_batch", "_field_keys", "_fields", "_items", "_prints", "_reads",
+                 "_tensors", "_versions", "_views_written")
 
     def __init__(self, batch: Any, reads: Iterable[str] = ()) -> None:
         self._batch = batch
@@ -128,7 +117,6 @@ class BatchWatch:
         # to its readers: one written in place is a write.
         self._reads = tuple(dict.fromkeys(reads))
         self._views_written = _written_views(batch, self._reads)
-
 
     @classmethod
     def for_component(cls, batch: Any, requires: Iterable[str]) -> BatchWatch:
