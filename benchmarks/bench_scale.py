@@ -3,9 +3,9 @@ how the cost grows (a script, not a test).
 
 verl's driver (the TaskRunner actor) holds no GPU and may run torch on one thread. Its batch comes out of
 TransferQueue as jagged nested tensors; here ``--rows`` rows (default 16,384) with response lengths
-log-uniform in [16, ``--tokens``] (default 8,192). Per method (the seed's band selection at on_rollout,
-``max_variance`` at on_rollout, ``advantage_reweight`` and ``top_entropy`` at on_advantage), in a fresh process
-each, torch on one thread:
+log-uniform in [16, ``--tokens``] (default 8,192). Per method (the seed's band selection at on_rollout;
+``max_variance``, which rewrites the advantages, ``advantage_reweight`` and ``top_entropy`` at on_advantage), in a
+fresh process each, torch on one thread:
 
 * ``driver_peak_memory_fields``: the peak resident memory the bus adds over the inputs (the adapter's
   :func:`~dataflex_bus.verl.tqbatch.to_batch` of the fields the method asks for, then the event), in units of
@@ -18,7 +18,8 @@ tokens (band selection at on_rollout), the prompt history's (and its table's) by
 the prompt table's build time at 10M rows, and the shim's step time per row from 64 to 4,096 prompts per step
 (group size 4, advantage_reweight; a run of 3 steps less a run of 1, so the set-up is not counted).
 
-Run: ``python benchmarks/bench_scale.py [--rows 16384 --tokens 8192]`` (a few minutes; ``--quick`` for a look).
+Run: ``python benchmarks/bench_scale.py [--rows 16384 --tokens 8192]`` (a few minutes; ``--quick`` for a look;
+``--part driver`` or ``--part curves`` runs one half, for a machine where the whole run must be split).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ GROUP = 8
 METHODS: dict[str, dict[str, Any]] = {
     "band@on_rollout": {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
                         "actuator": {"name": "threshold_band", "params": {"low": 0.2, "high": 0.8}}},
-    "max_variance@on_rollout": {"mechanism": "select", "scorer": {"name": "reward_difficulty"},
+    "max_variance@on_advantage": {"mechanism": "select", "scorer": {"name": "reward_difficulty"},
                                 "actuator": {"name": "max_variance", "params": {"keep_fraction": 0.5}}},
     "advantage_reweight@on_advantage": {"mechanism": "reweight", "scorer": {"name": "token_prob"},
                                         "actuator": {"name": "advantage_reweight", "params": {"alpha": 0.5}}},
@@ -112,6 +113,8 @@ def bus_pass(method: str, td: Any, tags: list[dict[str, Any]]) -> None:
     from dataflex_bus.verl.tqbatch import to_batch
 
     rt = Runtime(METHODS[method], host=ANY_HOST.replace(name="verl", adv_estimator="grpo", group_size=GROUP))
+    if not rt.listens(method.partition("@")[2]):
+        raise SystemExit(f"bench_scale: {method} does not act at the event its name says")
     for event in ("on_rollout", "on_advantage"):
         if rt.listens(event):
             names = sorted(rt.fields(event) | {"uid", "data_source"})
@@ -215,10 +218,15 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="smaller curves")
-    parser.add_argument("--no-curves", action="store_true")
+    parser.add_argument("--no-curves", action="store_true", help="the driver table only (same as --part driver)")
+    parser.add_argument("--part", choices=("all", "driver", "curves"), default="all",
+                        help="driver: the per-method table against verl; curves: the cost curves")
     args = parser.parse_args()
     if args.one:
         return child(args)
+    if args.part == "curves":
+        curves(args.quick)
+        return 0
     verl = run_child("verl", args.rows, args.tokens)
     print(f"{args.rows:,} rows x up to {args.tokens:,} response tokens (log-uniform), torch on one thread; one "
           f"dense float32 [B, T] field = {verl['field'] / 2**20:,.0f} MiB")
@@ -231,7 +239,7 @@ def main() -> int:
         print(f"{method:<34}{r['seconds']:>9.2f}{ratio:>9.2f}{r['added'] / 2**20:>16,.0f}{fields:>8.2f}")
         emit("driver_peak_memory_fields", fields, 1.0, "dense float32 [B,T] fields", method=method)
         emit("driver_time_vs_verl", ratio, 1.0, "x", method=method)
-    if not args.no_curves:
+    if not args.no_curves and args.part == "all":
         curves(args.quick)
     return 0
 

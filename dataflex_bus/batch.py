@@ -4,6 +4,10 @@ A :class:`Batch` is a set of named tensors using verl's field names (``rm_scores
 ``old_log_probs``, ``advantages``, ``rollout_is_weights``, ...) plus three row labels: the group id
 (``uid``), the domain (verl's ``data_source`` column by default) and a padding flag. Padding rows
 (verl pads batches to a divisible size) belong to no group and no domain, and no component counts them.
+
+A per-token field may be given jagged (a nested tensor of ``torch.jagged`` layout, as verl's TransferQueue holds
+it): the batch keeps it so, reads rewards and lengths from its values (:mod:`.jagged`), and pads it to a dense
+``[B, T]`` view (once, cached) only when a component reads it per token, ``batch[name]``.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import jagged
 from .errors import BatchFieldError
+from .fingerprint import fingerprint
 
 #: Field names that are row labels rather than tensors; ``Batch.has`` answers for them too.
 LABEL_FIELDS = ("uid", "data_source")
 #: Rows reduced at a time where a ``[B]`` quantity is read from ``[B, T]`` fields (rewards, lengths): the
 #: temporaries are a slice of the batch, not one more ``[B, T]`` tensor (a method reading only ``[B]``
 #: quantities adds no dense copy on a long-response driver).
-ROW_CHUNK = 1024
+ROW_CHUNK = jagged.ROW_CHUNK
 
 
 def row_reduce(fn: Any, rows: int) -> Tensor:
@@ -79,18 +85,28 @@ def _check_mask(mask: Tensor, valid: Tensor | None) -> None:
     """``response_mask`` holds 0 or 1 on real rows: it counts tokens and multiplies rewards, so any other
     value would silently scale a reward. One min/max reduction decides the common case (an integer 0/1
     mask); padding rows may carry anything."""
-    if mask.dtype == torch.bool or mask.numel() == 0 or mask.is_complex():
+    if mask.dtype == torch.bool or mask.is_complex():
         return
-    lo, hi = torch.aminmax(mask)
-    if not mask.is_floating_point() and int(lo) >= 0 and int(hi) <= 1:
+    held_jagged = jagged.is_jagged(mask)
+    flat = mask.values() if held_jagged else mask  # a jagged mask's tokens: the check never pads it
+    if flat.numel() == 0:
         return
-    bad = (mask != 0) & (mask != 1)
-    rows = bad.reshape(mask.shape[0], -1).any(-1) if mask.dim() > 0 else bad.reshape(1)
+    lo, hi = torch.aminmax(flat)
+    if not flat.is_floating_point() and int(lo) >= 0 and int(hi) <= 1:
+        return
+    bad = (flat != 0) & (flat != 1)
+    if held_jagged:
+        rows = jagged.row_any(mask, bad)
+    else:
+        rows = bad.reshape(mask.shape[0], -1).any(-1) if mask.dim() > 0 else bad.reshape(1)
     if valid is not None and rows.shape == valid.shape:
         rows = rows & valid
     if bool(rows.any()):
         first = torch.nonzero(rows).flatten()[:5].tolist()
-        values = torch.unique(mask[rows][bad[rows]])[:5].tolist() if mask.dim() > 0 else [mask.item()]
+        if held_jagged:
+            values = torch.unique(flat[bad & rows.repeat_interleave(jagged.row_lengths(mask))])[:5].tolist()
+        else:
+            values = torch.unique(mask[rows][bad[rows]])[:5].tolist() if mask.dim() > 0 else [mask.item()]
         raise BatchFieldError("Batch", "response_mask", f"holds {values} on rows {first}: a mask must be 0 or 1 "
                               "on every real row (other values would scale rewards and lengths)")
 
@@ -159,6 +175,10 @@ class Batch:
         #: The ``response_mask`` that :meth:`from_tensors` checked (0/1 on real rows), so :attr:`lengths`
         #: need not check it again; a weak reference, which the write check does not count as a tensor.
         self._checked_mask: weakref.ref[Tensor] | None = None
+        #: Dense views of jagged fields made so far: name -> (the jagged field, its view, the view's fingerprint
+        #: when made). A dict, which the write check does not take for a field (a view made during a hook is no
+        #: write); views written since are found by :meth:`written_views`.
+        self._dense: dict[str, tuple[Tensor, Tensor, int]] = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -259,10 +279,59 @@ class Batch:
         return int(self.is_padding.shape[0])
 
     def __getitem__(self, name: str) -> Tensor:
+        """Field ``name`` as a tensor with one row per batch row: a jagged field as its dense ``[B, T]`` view
+        (right-padded with zeros, made once and cached)."""
+        value = self.held(name)
+        return self._dense_view(name, value) if jagged.is_jagged(value) else value
+
+    def held(self, name: str) -> Tensor:
+        """Field ``name`` as the batch holds it (jagged where it was given jagged): for a whole-tensor reader of
+        the token values that needs no padding (a sum, a count, a finiteness check)."""
         try:
             return self.fields[name]
         except KeyError:
             raise BatchFieldError("Batch", name, f"not in batch (present: {sorted(self.fields)})") from None
+
+    def jagged_field(self, name: str) -> Tensor | None:
+        """Field ``name`` when the batch holds it jagged (``None`` when dense or absent)."""
+        value = self.fields.get(name)
+        return value if value is not None and jagged.is_jagged(value) else None
+
+    def width_of(self, name: str) -> int | None:
+        """The token width of field ``name``'s ``[B, T]`` (dense view's) shape without making the view; ``None``
+        when the field is absent or not per token."""
+        value = self.fields.get(name)
+        if value is None:
+            return None
+        if jagged.is_jagged(value):
+            return jagged.longest(value)
+        return int(value.shape[1]) if value.dim() >= 2 else None
+
+    def _dense_view(self, name: str, value: Tensor) -> Tensor:
+        made = self._dense.get(name)
+        if made is not None and made[0] is value:
+            return made[1]
+        view = jagged.dense(value)
+        self._dense[name] = (value, view, fingerprint(view))
+        return view
+
+    def dense_views(self) -> list[str]:
+        """Names of the jagged fields whose dense view has been made (what components read per token)."""
+        return [name for name, (value, _, _) in self._dense.items() if self.fields.get(name) is value]
+
+    def written_views(self, names: Sequence[str] = ()) -> list[tuple[str, str]]:
+        """Dense views written since they were made, as ``(name, how)``: ``in place`` (a view is fresh, version
+        0), or for ``names`` also ``bypassed`` (its bytes changed behind the version counter: ``.data``, a NumPy
+        view). The bus's write check reports them as writes to the field."""
+        out = []
+        for name, (value, view, made) in self._dense.items():
+            if self.fields.get(name) is not value:
+                continue
+            if view._version:
+                out.append((name, "in place"))
+            elif name in names and fingerprint(view) != made:
+                out.append((name, "bypassed"))
+        return out
 
     def __contains__(self, name: str) -> bool:
         return self.has(name)
@@ -276,7 +345,8 @@ class Batch:
         return name in self.fields
 
     def get(self, name: str, default: Tensor | None = None) -> Tensor | None:
-        return self.fields.get(name, default)
+        """``batch[name]`` (a jagged field's dense view), or ``default`` when absent."""
+        return self[name] if name in self.fields else default
 
     def require(self, component: str, names: Sequence[str]) -> None:
         """Raise a :class:`BatchFieldError` naming ``component`` if any of ``names`` is missing."""
@@ -290,6 +360,8 @@ class Batch:
 
         One min/max reduction decides the common all-finite case without a ``[B, T]`` copy.
         """
+        if jagged.is_jagged(values):
+            return self._nonfinite_jagged_rows(values)
         if not values.is_floating_point() or values.numel() == 0:
             return None
         if bool(torch.isfinite(torch.stack(torch.aminmax(values))).all()):
@@ -302,9 +374,24 @@ class Batch:
             rows = rows & self.valid_rows
         return rows if bool(rows.any()) else None
 
+    def _nonfinite_jagged_rows(self, values: Tensor) -> Tensor | None:
+        """:meth:`nonfinite_rows` of a jagged field, from its flat values (tokens only where the response mask
+        is jagged over the same rows)."""
+        flat = values.values()
+        if not flat.is_floating_point() or flat.numel() == 0:
+            return None
+        if bool(torch.isfinite(torch.stack(torch.aminmax(flat))).all()):
+            return None
+        bad = ~torch.isfinite(flat)
+        mask = self.jagged_field("response_mask")
+        if mask is not None and jagged.same_rows(mask, values):
+            bad = bad & mask.values().ne(0).reshape(-1, *([1] * (bad.dim() - 1)))
+        rows = jagged.row_any(values, bad.reshape(bad.shape[0], -1).any(-1)) & self.valid_rows
+        return rows if bool(rows.any()) else None
+
     def check_finite(self, component: str, name: str, values: Tensor | None = None) -> None:
         """Raise if a field (restricted to real rows and tokens) holds NaN or inf."""
-        bad = self.nonfinite_rows(self[name] if values is None else values)
+        bad = self.nonfinite_rows(self.held(name) if values is None else values)
         if bad is not None:
             rows = torch.nonzero(bad).flatten()[:5].tolist()
             raise BatchFieldError(component, name, f"non-finite values (NaN/inf) in rows {rows}")
@@ -325,7 +412,9 @@ class Batch:
     @cached_property
     def lengths(self) -> Tensor:
         """Long ``[B]``: number of real response tokens (0 on padding rows)."""
-        mask = self["response_mask"]
+        mask = self.held("response_mask")
+        if jagged.is_jagged(mask):
+            return torch.where(self.valid_rows, jagged.row_counts(mask), 0)
         if mask.dim() == 2 and mask.dtype != torch.bool and not mask.is_floating_point() and mask.numel():
             # verl's masks are 0/1 int64: their row sum is the count, and summing int64 is several times
             # faster than reducing a bool [B, T] tensor (no conversion, no token_mask allocation).
@@ -340,8 +429,14 @@ class Batch:
     def rewards(self) -> Tensor:
         """Float ``[B]``: the host's outcome reward (0 on padding rows): ``sum_t rm_scores * response_mask``, or
         under ``reward_span="row"`` (verl) ``sum_t rm_scores`` over the whole row, as verl's GRPO reads it."""
-        scores = self["rm_scores"]
-        if scores.dim() == 1:
+        scores = self.held("rm_scores")
+        mask = self.fields.get("response_mask")
+        if jagged.is_jagged(scores) and (self.reward_span == "row" or (
+                mask is not None and jagged.is_jagged(mask) and jagged.same_rows(mask, scores))):
+            r = self._jagged_rewards(scores)
+        elif jagged.is_jagged(scores):  # rows that do not line up with the mask's token by token
+            r = self.derive(fields={"rm_scores": self["rm_scores"], "response_mask": self["response_mask"]}).rewards
+        elif scores.dim() == 1:
             r = scores.to(torch.float32)
         elif self.reward_span == "row":
             r = scores.sum(-1, dtype=torch.float32)  # no converted [B, T] copy
@@ -356,6 +451,20 @@ class Batch:
                 r = row_reduce(lambda rows: torch.where(token_mask[rows], scores[rows].to(torch.float32), 0.0)
                                .sum(-1), len(scores))
         return torch.where(self.valid_rows, r, torch.zeros_like(r))
+
+    def _jagged_rewards(self, scores: Tensor) -> Tensor:
+        """:attr:`rewards` (before padding rows are zeroed) from jagged ``rm_scores``, a slice of rows padded at a
+        time: the same row sums as over the dense view, without a ``[B, T]`` temporary."""
+        width = jagged.longest(scores)
+        if self.reward_span == "row":
+            return jagged.row_reduce(lambda s: s.sum(-1, dtype=torch.float32), scores, width=width)
+        mask = self.held("response_mask")
+        r = jagged.row_reduce(lambda s, m: (s.to(torch.float32) * m).sum(-1), scores, mask, width=width)
+        if not bool(torch.isfinite(r).all()):
+            # NaN x 0 is NaN: a NaN/inf on a mask-0 token must not decide.
+            r = jagged.row_reduce(lambda s, m: torch.where(m.to(torch.bool), s.to(torch.float32), 0.0).sum(-1),
+                                  scores, mask, width=width)
+        return r.to(torch.float32)
 
     @cached_property
     def _groups(self) -> tuple[Tensor, int]:
@@ -410,7 +519,8 @@ class Batch:
         """A new batch holding only ``rows`` (bool mask or index tensor), labels carried along."""
         if rows.dtype == torch.bool:
             rows = torch.nonzero(rows).flatten()
-        fields = {k: v[rows] if v.dim() > 0 and v.shape[0] == len(self) else v for k, v in self.fields.items()}
+        fields = {k: jagged.rows(v, rows) if jagged.is_jagged(v) else v[rows] if v.dim() > 0 and v.shape[0] == len(self)
+                  else v for k, v in self.fields.items()}
         uid = [self.uid[i] for i in rows.tolist()] if self.uid is not None else None
         return Batch(
             fields,
@@ -437,6 +547,8 @@ class Batch:
         )
         if fields is None and is_padding is None:  # the same mask on the same real rows: checked already
             out._checked_mask = self._checked_mask
+        # Dense views of the jagged fields it still holds: padded once for both batches.
+        out._dense = {name: made for name, made in self._dense.items() if out.fields.get(name) is made[0]}
         return out
 
     def with_reward_span(self, span: str) -> Batch:

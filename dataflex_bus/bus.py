@@ -78,8 +78,8 @@ class BatchWatch:
     named in ``reads`` are also fingerprinted (:mod:`.fingerprint`: one pass over each, before and after),
     which sees writes that bypass the version counter (``.data``, a NumPy view)."""
 
-    __slots__ = ("_attr_keys", "_attrs", "_batch", "_field_keys", "_fields", "_items", "_prints", "_tensors",
-                 "_versions")
+    __slots__ = ("_attr_keys", "_attrs", "_batch", "_field_keys", "_fields", "_items", "_prints", "_reads",
+                 "_tensors", "_versions", "_views_written")
 
     def __init__(self, batch: Any, reads: Iterable[str] = ()) -> None:
         self._batch = batch
@@ -113,6 +113,10 @@ class BatchWatch:
         fields = self._fields or {}
         self._prints = tuple((k, t, fingerprint(t)) for k in dict.fromkeys(reads)
                              if isinstance(t := fields.get(k), Tensor))
+        # A jagged field's dense view (Batch pads one when a component reads the field per token) is the field
+        # to its readers: one written in place is a write.
+        self._reads = tuple(dict.fromkeys(reads))
+        self._views_written = _written_views(batch, self._reads)
 
     @classmethod
     def for_component(cls, batch: Any, requires: Iterable[str]) -> BatchWatch:
@@ -140,6 +144,8 @@ class BatchWatch:
         state = vars(batch)
         if not all(map(operator.is_, map(state.get, self._attr_keys), (v for _, v in self._attrs))):
             return True
+        if _written_views(batch, self._reads) != self._views_written:
+            return True
         return bool(self._prints) and bool(self._bypassed())
 
     def writes(self) -> list[tuple[str, str]]:
@@ -162,9 +168,17 @@ class BatchWatch:
             elif tensor._version != versions[id(tensor)]:
                 out.append((name, "in place"))
         out += [(name, "added") for name in now if name not in before]
+        out += [written for written in _written_views(self._batch, self._reads) if written not in self._views_written]
         if not out:
             out = [(name, "bypassed") for name in self._bypassed()]
         return out
+
+
+def _written_views(batch: Any, reads: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The dense views of jagged fields ``batch`` says were written, as ``(name, how)`` (those of ``reads`` also
+    behind the version counter); none for a batch without views."""
+    written = getattr(batch, "written_views", None)
+    return written(reads) if callable(written) else []
 
 
 def _named(items: tuple[tuple[str, Any], ...], attrs: tuple[tuple[str, Any], ...]) -> dict[str, Tensor]:

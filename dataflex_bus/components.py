@@ -297,8 +297,7 @@ def as_score(result: Any, scorer: Scorer, batch: Batch) -> Score:
     rows = len(batch)
     shape = tuple(values.shape)
     if granularity == "token":
-        mask = batch.fields.get("response_mask")
-        width = mask.shape[-1] if mask is not None and mask.dim() == 2 else None
+        width = batch.width_of("response_mask")
         ok = len(shape) == 2 and shape[0] == rows and (width is None or shape[1] == width)
         expected = f"({rows}, {width if width is not None else 'T'}) (one value per response token)"
     elif granularity == "domain":

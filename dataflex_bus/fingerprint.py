@@ -16,7 +16,10 @@ from torch import Tensor
 
 
 def fingerprint(t: Tensor) -> int:
-    """The wrapping sum of ``t``'s bytes as integer words (a copy only for a non-contiguous tensor)."""
+    """The wrapping sum of ``t``'s bytes as integer words (a copy only for a non-contiguous tensor; a nested
+    tensor's flat values)."""
+    if t.is_nested:
+        t = t.values()
     flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
     raw = flat.view(torch.uint8)
     if raw.numel() == 0:

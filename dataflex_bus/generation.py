@@ -85,8 +85,8 @@ def concat_rows(first: Batch, more: Batch) -> Batch:
     if more.domain_ids is not None and first.domain_names:
         more = more.with_domain_names(first.domain_names)
     fields = {}
-    for name, a in first.fields.items():
-        b = more[name]
+    for name in first.fields:
+        a, b = first[name], more[name]  # dense views of jagged fields
         if a.dim() == 2 and b.dim() == 2 and a.shape[1] != b.shape[1]:
             width = max(a.shape[1], b.shape[1])
             a = torch.nn.functional.pad(a, (0, width - a.shape[1]))

@@ -13,7 +13,7 @@ this list to what the adapters use. Names load on first use (no torch at import)
 * the data-flow mechanisms' parts of a step and a run (:mod:`dataflex_bus.step_parts`): ``ReplayPart``,
   ``ReplayRun``, ``allocator``
 * batches and their tensor helpers: ``Batch``, ``grpo_outcome_advantage``, ``segment_count``, ``segment_max``,
-  ``segment_min``, ``segment_slots``, ``segment_sum``
+  ``segment_min``, ``segment_slots``, ``segment_sum``, ``jagged`` (per-row work on jagged per-token fields)
 * the block, its validation and the host description: ``BLOCK_KEYS``, ``DataflexConfig``, ``METHOD_KEYS``,
   ``method_keys``, ``installed_registry``, ``validate``, ``CAPABILITIES``, ``EVENT_FIELDS``, ``HostDescription``,
   ``MINIBATCH_INDEX``, ``mechanism``, ``Allocate``, ``Replayer``, ``Reweight``, ``article``, ``check_section``,
@@ -66,6 +66,7 @@ _EXPORTS = {
     "pad_to": "replay_store",
     # batches and their tensor helpers
     "Batch": "batch",
+    "jagged": "jagged",
     "grpo_outcome_advantage": "ops",
     "segment_count": "ops",
     "segment_max": "ops",
@@ -145,7 +146,7 @@ _EXPORTS = {
 }
 
 #: Names that are a core module itself (``kit.state_file.write``), not one of its attributes.
-_MODULES = frozenset({"state_file"})
+_MODULES = frozenset({"jagged", "state_file"})
 
 __all__ = sorted(_EXPORTS)
 
@@ -162,4 +163,5 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from . import jagged as jagged
     from . import state_file as state_file

@@ -84,7 +84,8 @@ class Replayed:
         rec = self.record
         m, n = len(rec), len(fresh)
         fields = {}
-        for name, value in fresh.fields.items():
+        for name in fresh.fields:
+            value = fresh[name]  # a jagged field's dense view
             if name == "rollout_log_probs":
                 fields[name] = torch.cat([value, pad_to(rec.mu, value.shape[1])[:, :value.shape[1]].to(value.dtype)])
             elif name == "prompt_index":

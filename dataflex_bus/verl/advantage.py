@@ -26,9 +26,9 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..kit import Batch, BatchFieldError, ReplayPart, Runtime, Step
+from ..kit import Batch, BatchFieldError, ReplayPart, Runtime, Step, jagged
 from .blocks import minibatch_blocks
-from .tqbatch import fetch, labels_of, nested_row_counts, padding_flags, put, to_nested
+from .tqbatch import fetch, labels_of, padding_flags, put, to_nested
 
 log = logging.getLogger("dataflex_bus")
 
@@ -72,8 +72,11 @@ class AdvantageCarryOut:
             self._store_replay(meta, action.store)
         self._warn_empty_blocks(action.empty_blocks, action.restored_rows, action.remove, action.skip_update)
         self._skip_update = self._skip_update or action.skip_update
-        loss_mask = action.fields.get("loss_mask", view.get("loss_mask"))
-        tokens = (view["response_mask"] if loss_mask is None else loss_mask).ne(0).sum(dim=1)
+        # The loss mask the actor trains on: the methods' (dense), else verl's, counted on its jagged values.
+        loss_mask = action.fields.get("loss_mask")
+        if loss_mask is None:
+            loss_mask = view.held("loss_mask" if view.has("loss_mask") else "response_mask")
+        tokens = jagged.row_counts(loss_mask) if jagged.is_jagged(loss_mask) else loss_mask.ne(0).sum(dim=1)
         trained = view.valid_rows & (tokens > 0) & (not self._skip_update)
         if action.remove is not None:
             trained &= ~action.remove
@@ -101,7 +104,7 @@ class AdvantageCarryOut:
         loss_mask = data["loss_mask"]
         if not loss_mask.is_nested:
             raise BatchFieldError("dataflex verl adapter", "loss_mask", "expected a nested (jagged) tensor")
-        tokens = nested_row_counts(loss_mask)
+        tokens = jagged.row_counts(loss_mask)
         _, groups = np.unique(np.asarray(labels_of(data["uid"]), dtype=object), return_inverse=True)
         trained = ~padding_flags(meta.tags) & (tokens > 0) & (not self._skip_update)
         step = self._current_step()

@@ -2,8 +2,9 @@
 
 verl 0.9.1 keeps every trajectory in TransferQueue. Per-token fields come back from
 ``tq.kv_batch_get`` as jagged nested tensors (even when all lengths agree) and non-tensor fields
-(``uid``, ``data_source``) as lists. The plugin core works on padded ``[B, T]`` tensors, so this module
-pads on the way in (token masks as bool, an eighth of verl's int64) and re-nests on the way out (masks back in
+(``uid``, ``data_source``) as lists. The bus keeps them jagged (:class:`~dataflex_bus.Batch` reads rewards and
+lengths from the values and pads a field to ``[B, T]`` only when a component reads it per token), token masks
+as bool (an eighth of verl's int64); what the methods write is re-nested on the way out (masks back in
 TransferQueue's dtype), on whole tensors (no per-row loops).
 """
 
@@ -18,7 +19,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from ..kit import Batch, BatchFieldError
+from ..kit import Batch, BatchFieldError, jagged
 
 
 def padded(t: Tensor, pad: float = 0) -> Tensor:
@@ -32,19 +33,14 @@ def is_mask(name: str, t: Tensor) -> bool:
     return name.endswith("_mask") and not t.is_floating_point() and t.dtype != torch.bool
 
 
-def padded_field(name: str, t: Tensor) -> Tensor:
-    """Field ``name`` right-padded for the bus: a mask as bool (padded from its bool values, never as int64
-    first), any other field as it is."""
-    if not is_mask(name, t):
-        return padded(t)
-    if not t.is_nested:
-        return t.ne(0)
-    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
-    lengths = offsets.diff()
-    flags = torch.nested.nested_tensor_from_jagged(
-        t.values().ne(0), offsets=offsets, max_seqlen=int(lengths.max()) if lengths.numel() else 0,
-        min_seqlen=int(lengths.min()) if lengths.numel() else 0)
-    return flags.to_padded_tensor(0)
+def bus_field(name: str, t: Tensor) -> Tensor:
+    """Field ``name`` as the bus holds it: jagged as TransferQueue gave it (a mask's values as bool), a dense
+    field as it is (a mask as bool); a nested tensor of another layout padded."""
+    if jagged.is_jagged(t):
+        return jagged.like(t, t.values().ne(0)) if is_mask(name, t) else t
+    if t.is_nested:
+        t = padded(t)
+    return t.ne(0) if is_mask(name, t) else t
 
 
 def to_nested(dense: Tensor, like: Tensor) -> Tensor:
@@ -55,21 +51,17 @@ def to_nested(dense: Tensor, like: Tensor) -> Tensor:
     """
     if not like.is_nested:
         raise BatchFieldError("dataflex verl adapter", "response_mask", "expected a nested (jagged) tensor")
-    offsets: Tensor = like.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
-    lengths = offsets.diff()
-    width = dense.shape[1]
-    if lengths.numel() and int(lengths.max()) > width:
+    offsets = jagged.offsets_of(like)
+    width, longest = dense.shape[1], jagged.longest(like)
+    if longest > width:
         raise BatchFieldError("dataflex verl adapter", "<re-nest>",
-                              f"padded width {width} is shorter than the longest row {int(lengths.max())}")
-    if dense.dtype == torch.bool and like.dtype != torch.bool:
-        dense = dense.to(like.dtype)  # a mask the bus held as bool goes back in TransferQueue's dtype
+                              f"padded width {width} is shorter than the longest row {longest}")
     values = torch.ops.aten._padded_dense_to_jagged_forward(dense.contiguous(), [offsets.to(dense.device)],
                                                             int(offsets[-1]) if offsets.numel() else 0)
-    # Pass the row-length bounds: without them torch pads such a tensor to its *total* length.
-    longest = int(lengths.max()) if lengths.numel() else 0
-    shortest = int(lengths.min()) if lengths.numel() else 0
-    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, max_seqlen=longest,
-                                                  min_seqlen=shortest)
+    if values.dtype == torch.bool and like.dtype != torch.bool:
+        # A mask the bus held as bool goes back in TransferQueue's dtype: converted on the tokens, not the padding.
+        values = values.to(like.dtype)
+    return jagged.like(like, values)
 
 
 def fetch(meta: KVBatchMeta, fields: Iterable[str]) -> TensorDict:
@@ -105,15 +97,16 @@ def to_batch(data: TensorDict, tags: Sequence[Mapping[str, Any]], *, domain_key:
     """Build a :class:`Batch` from a ``kv_batch_get`` result and the keys' tags.
 
     Group labels come from the ``uid`` field, domain labels from the ``domain_key`` field, padding
-    flags from the tags. Tensor fields are padded (nested per-token fields become ``[B, T]``);
-    other non-tensor fields (``extra_fields``, ``reward_model``...) are not part of the batch.
+    flags from the tags. Tensor fields are held as :func:`bus_field` says (per-token fields stay jagged until a
+    component reads them per token); other non-tensor fields (``extra_fields``, ``reward_model``...) are not part
+    of the batch.
     """
     fields: dict[str, Tensor] = {}
     labels: dict[str, list[Any]] = {}
     for name in data.keys():
         value = data.get(name)
         if isinstance(value, Tensor):
-            fields[name] = padded_field(name, value)
+            fields[name] = bus_field(name, value)
         elif name in ("uid", domain_key):
             labels[name] = labels_of(value)
     if not fields:
@@ -130,13 +123,6 @@ def put(meta: KVBatchMeta, fields: Mapping[str, Tensor]) -> KVBatchMeta:
     includes the written ones (the worker only receives fields listed there)."""
     td = TensorDict(dict(fields), batch_size=len(meta.keys))
     return tq.kv_batch_put(keys=list(meta.keys), partition_id=meta.partition_id, fields=td)
-
-
-def nested_row_counts(t: Tensor) -> Tensor:
-    """Float ``[B]``: the non-zero entries of each row of a jagged nested tensor, without padding it
-    (one segment reduction over the flat values)."""
-    offsets: Tensor = t.offsets()  # type: ignore[attr-defined]  # a jagged NestedTensor method, not in the stubs
-    return torch.segment_reduce(t.values().ne(0).to(torch.float32), "sum", offsets=offsets)
 
 
 def uid_of(key: str) -> str:

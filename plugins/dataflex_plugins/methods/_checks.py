@@ -26,7 +26,8 @@ def check_row_values(component: str, field: str, values: Tensor, batch: Batch) -
 
 def check_token_shape(component: str, field: str, values: Tensor, batch: Batch) -> None:
     """Raise unless ``values`` is ``[B, T]`` like the batch's response mask."""
-    shape = tuple(batch.token_mask.shape)
+    width = batch.width_of("response_mask")  # the token mask's width, without making the mask
+    shape = (len(batch), width) if width is not None else tuple(batch.token_mask.shape)
     if tuple(values.shape) != shape:
         raise BatchFieldError(component, field, f"expected per-token values of shape {shape}, "
                               f"got {tuple(values.shape)}")

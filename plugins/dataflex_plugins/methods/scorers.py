@@ -9,12 +9,26 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
+from dataflex_bus import jagged
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Scorer
 from dataflex_bus.ops import gather_segments, segment_sum
 
 from ._checks import check_token_shape
+
+
+def jagged_tokens(batch: Batch, name: str) -> tuple[Tensor, Tensor] | None:
+    """Field ``name`` as held jagged (verl's driver) and bool flags of its real tokens (response mask, real rows),
+    one per value; ``None`` when the batch holds it dense or its rows do not line up with the mask's."""
+    held, mask = batch.jagged_field(name), batch.jagged_field("response_mask")
+    if held is None or mask is None or held.values().dim() != 1 or not jagged.same_rows(held, mask):
+        return None
+    valid = mask.values().ne(0)
+    if bool(batch.is_padding.any()):
+        valid &= torch.repeat_interleave(batch.valid_rows, jagged.row_lengths(mask), output_size=valid.numel())
+    return held, valid
 
 
 class RewardDifficulty(Scorer):
@@ -115,6 +129,11 @@ class TokenProb(Scorer):
     params: ClassVar = {}
 
     def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
+        tokens = jagged_tokens(batch, "old_log_probs")
+        if tokens is not None:  # verl's driver: on the tokens alone, one dense score, the field never padded
+            held, valid = tokens
+            values = torch.where(valid, held.values(), float("-inf")).exp_()
+            return Score(values=jagged.dense(jagged.like(held, values)), granularity="token")
         lp = batch["old_log_probs"]
         if tuple(lp.shape) != tuple(batch.token_mask.shape):
             from dataflex_bus.errors import BatchFieldError
@@ -142,6 +161,9 @@ class TokenEntropy(Scorer):
     params: ClassVar = {}
 
     def score(self, batch: Batch, step: int, **ctx: Any) -> Score:
+        tokens = jagged_tokens(batch, "entropy")
+        if tokens is not None:
+            return self._score_tokens(*tokens)
         entropy = batch["entropy"]
         check_token_shape(self.who, "entropy", entropy, batch)
         tm = batch.token_mask
@@ -154,3 +176,15 @@ class TokenEntropy(Scorer):
             below = int(torch.count_nonzero((values < 0.01) & tm))
             metrics = {"entropy/mean": total / n, "entropy/below_0.01": below / n}
         return Score(values=values, granularity="token", metrics=metrics)
+
+    def _score_tokens(self, entropy: Tensor, valid: Tensor) -> Score:
+        """:meth:`score` from jagged ``entropy`` and its real tokens ``valid`` (verl's driver): the masking and the
+        metrics on the tokens alone (a sixth of ``[B, T]`` at log-uniform lengths), then one dense float32 score;
+        neither field is padded."""
+        values = torch.where(valid, entropy.values().to(torch.float32), 0.0)
+        n = int(torch.count_nonzero(valid))
+        metrics = {}
+        if n:
+            below = int(torch.count_nonzero((values < 0.01) & valid))
+            metrics = {"entropy/mean": float(values.sum()) / n, "entropy/below_0.01": below / n}
+        return Score(values=jagged.dense(jagged.like(entropy, values)), granularity="token", metrics=metrics)

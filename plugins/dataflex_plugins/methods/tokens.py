@@ -18,6 +18,7 @@ from dataflex_bus.batch import Batch
 from dataflex_bus.components import Param, Score, Selection, Selector
 from dataflex_bus.errors import BatchFieldError
 from dataflex_bus.host import MINIBATCH_INDEX
+from dataflex_bus.jagged import ROW_CHUNK
 
 from ._checks import check_token_shape
 
@@ -56,17 +57,30 @@ def _fill(values: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, values.to(torch.float32), float("-inf"))
 
 
-def _largest(filled: Tensor, k: int, threshold: Tensor) -> Tensor:
-    """Bool like ``filled``: exactly its ``k`` largest entries, ``threshold`` being the ``k``-th; ties at the
-    threshold go to the earliest entries in row-major order (``torch.topk`` breaks them arbitrarily, which
-    would make two hosts keep different tokens of the same batch)."""
-    above = filled > threshold
-    ties = filled == threshold
+def _valid_values(values: Tensor, valid: Tensor) -> Tensor:
+    """The ``valid`` entries of ``values`` in row-major order, gathered :data:`ROW_CHUNK` rows at a time
+    (indexing the whole ``[B, T]`` at once first builds an int64 index of every valid entry, several times
+    the values' own size)."""
+    rows = values.shape[0]
+    if rows <= ROW_CHUNK:
+        return values[valid]
+    return torch.cat([values[i:i + ROW_CHUNK][valid[i:i + ROW_CHUNK]] for i in range(0, rows, ROW_CHUNK)])
+
+
+def _largest(values: Tensor, valid: Tensor, k: int, threshold: Tensor) -> Tensor:
+    """Bool like ``values``: exactly the ``k`` largest of its ``valid`` entries, ``threshold`` being the ``k``-th;
+    ties at the threshold go to the earliest entries in row-major order (``torch.topk`` breaks them arbitrarily,
+    which would make two hosts keep different tokens of the same batch)."""
+    above = values > threshold
+    above &= valid
+    ties = values == threshold
+    ties &= valid
     need = k - _count(above)
-    if _count(ties) == need:
-        return above | ties
-    order = ties.view(-1).cumsum(0, dtype=torch.int32).view_as(ties)
-    return above | (ties & (order <= need))
+    if _count(ties) != need:
+        order = ties.view(-1).cumsum(0, dtype=torch.int32).view_as(ties)
+        ties &= order <= need
+    above |= ties
+    return above
 
 
 def select_flat(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[Tensor, float]:
@@ -76,26 +90,29 @@ def select_flat(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[T
     every token at or above ``torch.quantile(valid values, 1 - rho)`` (linear interpolation; TRL's rule), so
     ties at the threshold are all kept. ``N = 0`` keeps nothing.
     """
-    filled = _fill(values, valid)
-    flat = filled.view(-1)
     n = _count(valid)
     if n == 0:
         return torch.zeros_like(valid), 0.0
-    pad = flat.numel() - n  # the -inf fill: the smallest entries
+    values = values.to(torch.float32)  # no copy for a float32 score
+    # The order statistics of the valid values alone: a sixth of [B, T] at log-uniform response lengths, and
+    # no filled copy of the scores.
+    picked = _valid_values(values, valid)
     if form == "topk":
         k = int(topk_count(torch.tensor(n), rho))
-        threshold = torch.kthvalue(flat, flat.numel() - k + 1).values
-        return _largest(filled, k, threshold), float(threshold)
+        threshold = torch.kthvalue(picked, n - k + 1).values
+        return _largest(values, valid, k, threshold), float(threshold)
     below_rank, above_rank, weight = _ranks(torch.tensor(n), 1.0 - rho)
     below, above = int(below_rank), int(above_rank)
-    low = torch.kthvalue(flat, pad + below + 1).values
+    low = torch.kthvalue(picked, below + 1).values
     high = low
     # The next order statistic: the low value again if it is repeated, else the smallest value above it (two
     # cheap passes instead of a second kthvalue).
-    if above != below and _count(filled <= low) - pad < above + 1:
-        high = filled.masked_fill(filled <= low, float("inf")).min()
+    if above != below and _count(picked <= low) < above + 1:
+        high = picked.masked_fill(picked <= low, float("inf")).min()
     threshold = torch.lerp(low, high, weight.to(low.dtype))
-    return valid & (filled >= threshold), float(threshold)
+    keep = values >= threshold
+    keep &= valid
+    return keep, float(threshold)
 
 
 def select_rows(values: Tensor, valid: Tensor, rho: float, form: str) -> tuple[Tensor, Tensor]:
