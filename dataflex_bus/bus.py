@@ -370,14 +370,17 @@ class EventBus:
         ``last_step``, ``last_error``."""
         return self.failures.as_list()
 
-    def emit(self, event: str, batch: Batch, step: int) -> Decision:
-        """Emit one training event; returns what the participants decided."""
+    def emit(self, event: str, batch: Batch, step: int, *, observed: bool = True) -> Decision:
+        """Emit one training event; returns what the participants decided. ``observed=False``: the participants
+        decide but the observers do not hear it (a partial batch the host asks about early, e.g. a round's
+        groups screened as they arrive; the observers hear the whole batch when it is emitted)."""
         decision = Decision()
         if self.check_writes:
-            self._emit_checked(event, batch, step, decision)
+            self._emit_checked(event, batch, step, decision, observed)
             return decision
         self._hooks[event](batch=batch, step=step, decision=decision)
-        self._notify(event, batch, step, decision)
+        if observed:
+            self._notify(event, batch, step, decision)
         return decision
 
     def _notify(self, event: str, batch: Batch, step: int, decision: Decision) -> None:
@@ -395,13 +398,14 @@ class EventBus:
         for fn, pick in calls:
             fn(*pick(given))
 
-    def _emit_checked(self, event: str, batch: Batch, step: int, decision: Decision) -> None:
+    def _emit_checked(self, event: str, batch: Batch, step: int, decision: Decision, observed: bool) -> None:
         outer = self._watch, self._decision_versions
         # In debug mode every field is fingerprinted too (writes behind the version counter, any hook).
         self._watch = BatchWatch(batch, batch.fields if debug_mode() else ())
         try:
             self._hooks[event](batch=batch, step=step, decision=decision)
-            self._notify(event, batch, step, decision)
+            if observed:
+                self._notify(event, batch, step, decision)
         finally:
             self._watch, self._decision_versions = outer
 

@@ -226,7 +226,8 @@ class Generation:
             raise ValueError("Generation.screen: no round is being screened (call begin_screening() first)")
         needed = max(self._still_needed(), batch.num_groups)
         view = batch.with_fields(**self.step.budget_fields(needed), budget_round=torch.tensor(0))
-        decision = self.step.runtime.emit("on_rollout", view, self.step.index)
+        # The observers hear the whole round once it is added, not its early groups.
+        decision = self.step.runtime.emit("on_rollout", view, self.step.index, observed=False)
         counts = self._per_group(batch, decision)
         more = torch.zeros(batch.num_groups, dtype=torch.long) if counts is None else counts
         released = screening.add(self._group_labels(batch), more)

@@ -178,10 +178,11 @@ class Runtime:
             return True
         return self.bus.observed(event)
 
-    def emit(self, event: str, batch: Batch, step: int) -> Decision:
+    def emit(self, event: str, batch: Batch, step: int, *, observed: bool = True) -> Decision:
         """Emit one event on the bus; returns what the methods decided. ``on_step_end`` also closes the
-        step's counts in the prompt history (:meth:`end_step` does that for a host that emits nothing)."""
-        decision = self.bus.emit(event, batch, step)
+        step's counts in the prompt history (:meth:`end_step` does that for a host that emits nothing).
+        ``observed=False``: the observers do not hear it (:meth:`Bus.emit <dataflex_bus.bus.Bus.emit>`)."""
+        decision = self.bus.emit(event, batch, step, observed=observed)
         if event == "on_step_end":
             self.end_step(step)
         return decision

@@ -13,6 +13,7 @@ import torch
 from dataflex_bus.batch import Batch
 from dataflex_bus.components import ALLOCATION_PARAMS, Allocation, Allocator, Param
 from dataflex_bus.errors import DataflexError
+from dataflex_bus.hookspecs import hookimpl
 from dataflex_bus.host import ANY_HOST
 from dataflex_bus.runtime import Runtime
 from dataflex_bus.steps import StepKit
@@ -186,3 +187,28 @@ def test_a_declared_per_group_rule_that_reads_the_round_is_named(comps):
     with pytest.raises(DataflexError, match=r"\['allocate:t_whole_round'\] declare a per-group rule .* group 'a' got "
                                             r"1 more rollouts decided on its own rows and 4 on the whole round"):
         gen.continuation()
+
+
+class RolloutListener:
+    """An observer (a logger plugin, say): the on_rollout batches it hears, by their group labels."""
+
+    def __init__(self) -> None:
+        self.heard: list[list[str]] = []
+
+    @hookimpl
+    def on_rollout(self, batch):
+        self.heard.append(batch.num_groups)
+
+
+def test_observers_hear_the_whole_round_once_not_its_screened_groups(comps):
+    runtime = Runtime(block("t_mixed"), host=HOST)
+    listener = RolloutListener()
+    runtime.bus.add_observer(listener, "listener")
+    gen = StepKit(runtime).begin(0).generation(4)
+    gen.request()
+    assert gen.begin_screening(list("abcd"))
+    assert gen.screen(groups(["c", "a"], REWARDS)) == {"a": 2, "c": 2}  # the participants decided
+    gen.screen(groups(["b", "d"], REWARDS))
+    assert listener.heard == []
+    gen.add(groups(list("abcd"), REWARDS))
+    assert listener.heard == [4]
