@@ -515,13 +515,16 @@ def step_counts(metrics: Metrics, step: int, key: str, run: str) -> float:
 def speed_plan(metrics: Metrics, step: int, *, batch: int = BATCH, n: int = N, n_continue: int = N_CONTINUE,
                run: str = "speed") -> dict[str, float]:
     """What SPEED must have done at ``step``: every dispatched prompt screened with ``n`` rollouts (a failed
-    group yields none the step keeps), ``n_continue`` more for each continued group; the continued groups
-    alone train, ``n + n_continue`` rows each."""
+    group yields none the step keeps), ``n_continue`` more for each continued group (``dataflex/alloc/continued``
+    counts the groups a continuation extended); the continued groups alone train, ``n + n_continue`` rows each,
+    and a group whose continuation request failed trains its ``n`` screening rows."""
     m = metrics.get(step, {})
     failed = m.get("dataflex/refill/failed_groups", 0.0)
+    lost = m.get("dataflex/refill/failed_continuations", 0.0)
     continued = _get(metrics, step, "dataflex/alloc/continued", run)
     return {"generated": (batch - failed) * n + n_continue * continued, "largest": float(n + n_continue),
-            "trained": continued * (n + n_continue), "continued": continued, "failed": failed}
+            "trained": continued * (n + n_continue) + lost * n, "continued": continued, "failed": failed,
+            "failed_continuations": lost}
 
 
 def check_speed(metrics: Metrics, steps: Sequence[int], *, batch: int = BATCH, n: int = N,
@@ -540,7 +543,7 @@ def check_speed(metrics: Metrics, steps: Sequence[int], *, batch: int = BATCH, n
         shown.append(f"step {step}: generated {generated:g} (plan {want['generated']:g} = ({batch} - "
                      f"{want['failed']:g} failed) x {n} + {n_continue} x {want['continued']:g} continued), "
                      f"largest group {largest:g} (plan {want['largest']:g}), trained rows {trained:g} "
-                     f"(plan {want['trained']:g})")
+                     f"(plan {want['trained']:g}, {want['failed_continuations']:g} continuation(s) failed)")
     return Check("speed: generated == plan, largest group n + n_continue", ok, "; ".join(shown))
 
 

@@ -126,6 +126,7 @@ class GenerationRounds:
         rounds: list[tuple[list[str], list[str]]] = []  # per round: trajectory keys (row order), failed uids
         #: continuation prompt uid -> the group (prompt uid) its rollouts extend
         owner: dict[str, str] = {}
+        lost = 0  # continuation prompts that failed
         while True:
             uids, self._dispatched = self._dispatched, []
             keys, failed = self._terminal_keys(buffer, partition_id, uids)
@@ -134,8 +135,9 @@ class GenerationRounds:
                 gen.add(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), emits=True),
                         prompt_tokens=prompt_tokens(tags))
                 while (more := gen.continuation()) is not None:
-                    extra = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
-                                           more.counts.tolist(), owner)
+                    extra, failed_more = self._continue(buffer, partition_id, [keys[r] for r in more.rows.tolist()],
+                                                        more.counts.tolist(), owner)
+                    lost += len(failed_more)
                     keys = keys + extra
                     tags = [buffer.partitions[partition_id][k] for k in extra]
                     gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
@@ -167,6 +169,8 @@ class GenerationRounds:
         trained = list(dict.fromkeys(trained))  # a uid per prompt dispatched, in arrival order
         if failures:
             step.metrics["dataflex/refill/failed_groups"] = float(failures)
+        if lost:
+            step.metrics["dataflex/refill/failed_continuations"] = float(lost)
         snapshot = dict(buffer.partitions[partition_id])
         if evicted:
             buffer._clear_groups(partition_id, evicted)
@@ -187,11 +191,13 @@ class GenerationRounds:
         return keys, failed
 
     def _continue(self, buffer: ReplayBuffer, partition_id: str, first_keys: list[str], counts: list[int],
-                  owner: dict[str, str]) -> list[str]:
+                  owner: dict[str, str]) -> tuple[list[str], list[str]]:
         """A continuation round: ``counts[i]`` more rollouts of the prompt of ``first_keys[i]``'s group, dispatched
         as new prompts (verl numbers a prompt's sessions from 0, so the same uid would overwrite the group's
         trajectories) whose trajectories then carry the group's uid (verl's advantage groups by it); returns their
-        trajectory keys. A continuation prompt that fails adds nothing to its group."""
+        trajectory keys and the continuation prompts that failed. A continuation prompt that fails adds nothing to
+        its group: its surviving sessions leave TransferQueue here (no round reads them, nothing else clears
+        them)."""
         groups = [owner.get(uid_of(k), uid_of(k)) for k in first_keys]
         spots = [self._fetched_at[g] for g in groups]
         picked = [tu.index_select_tensor_dict(self._fetched[c], [r]) for c, r in spots]
@@ -202,14 +208,16 @@ class GenerationRounds:
         tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
         # not a round of the fill: kept out of self._dispatched
         super()._submit_batch_to_rollout(batch)  # type: ignore[misc]
-        keys, _ = self._terminal_keys(buffer, partition_id, fresh)
+        keys, failed = self._terminal_keys(buffer, partition_id, fresh)
+        if failed:
+            buffer._clear_groups(partition_id, set(failed))
         if keys:
             relabel = TensorDict({}, batch_size=len(keys))
             of = dict(zip(fresh, groups))
             tu.assign_non_tensor_stack(relabel, "uid", [of[uid_of(k)] for k in keys])
             tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=relabel)
         owner.update(zip(fresh, groups))
-        return keys
+        return keys, failed
 
     def _wait_terminal(self, buffer: ReplayBuffer, partition_id: str, uids: set[str]) -> None:
         """Read TransferQueue until every prompt of ``uids`` finished or failed: soon after the last one does

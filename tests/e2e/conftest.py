@@ -84,6 +84,9 @@ def launch(config: pytest.Config, gpu_check, run, out: Path, env: dict[str, str]
 DELAY = "0.4"
 #: The request of the ``refill`` run that fails (arrival order, 0-based: one of step 1's first round).
 FAILED_REQUEST = "2"
+#: The request of the ``speed`` run that fails: the first after step 1's 4 x 4 screening requests, which all
+#: arrive at once, so one of its continuation requests (whatever order continuations are dispatched in).
+FAILED_CONTINUATION = "16"
 
 #: Dynamic sampling with refill: DAPO's zero-variance filter, fixed rounds of train_batch_size prompts.
 REFILL = ["+dataflex.mechanism=select", "+dataflex.scorer.name=reward_difficulty", "+dataflex.actuator.name=dapo",
@@ -127,9 +130,10 @@ def _configurations(gpu_check, inputs, out: Path) -> dict[str, Callable[[], tupl
         "mix_resume": lambda: run(3, method=gpu_check.METHODS["mix"], ckpt="ckpt_mix_resume",
                                   resume_from=out / "ckpt_mix" / "global_step_2"),
         # the real agent loop under the kit's rounds, requests finishing out of dispatch order: SPEED in bf16
-        # (the GPU check's run), dynamic sampling with refill and one failed request, Knapsack with validation
+        # (the GPU check's run) with a failed continuation request, dynamic sampling with refill and a failed
+        # screening request, Knapsack with validation
         "speed": lambda: run(2, method=gpu_check.METHODS["speed"], ckpt="ckpt_speed", precision="bf16",
-                             env=rounds_env("speed")),
+                             env=rounds_env("speed", DATAFLEX_CPU_HF_FAIL=FAILED_CONTINUATION)),
         "refill": lambda: run(2, method=REFILL, ckpt="ckpt_refill",
                               env=rounds_env("refill", DATAFLEX_CPU_HF_FAIL=FAILED_REQUEST)),
         "knapsack": knapsack,

@@ -2,7 +2,8 @@
 
 SPEED (continuation rounds through ``__rollout_n__``), dynamic sampling with refill and Knapsack's counts, 2 steps
 each, with the ``cpu_hf`` server delaying every request by a seeded wait (requests finish in another order than
-they arrived) and, in the refill run, one request failing. The assertions are outcomes (counts, group sizes, the
+they arrived) and one request failing: a continuation request in the SPEED run, a first-round request in the
+refill run. The assertions are outcomes (counts, group sizes, the
 rows trained), read from the metrics the adapter logs, never the order in which rounds are dispatched.
 """
 
@@ -13,7 +14,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import FAILED_REQUEST, KNAPSACK_ROWS
+from conftest import FAILED_CONTINUATION, FAILED_REQUEST, KNAPSACK_ROWS
 
 pytestmark = pytest.mark.e2e
 
@@ -41,21 +42,29 @@ def test_requests_finish_out_of_dispatch_order(e2e_run, e2e_out, name):
     assert finished != arrived, "the seeded delays left every request finishing in arrival order"
 
 
-def test_speed_continuation_rounds_generate_the_plan_and_train_what_the_kit_kept(e2e_run, gpu_check):
+def test_speed_continuation_rounds_generate_the_plan_and_train_what_the_kit_kept(e2e_run, e2e_out, gpu_check):
     speed = e2e_run("speed")
-    assert sorted(speed.metrics) == list(STEPS)
+    assert sorted(speed.metrics) == list(STEPS), "the run stopped at the failed continuation request"
+    assert ("failed", int(FAILED_CONTINUATION)) in journal(e2e_out, "speed")
     check = gpu_check.check_speed(speed.metrics, STEPS)
     assert check.ok, check.line()
+    n, more = gpu_check.N, gpu_check.N_CONTINUE
     for step in STEPS:
         m = speed.metrics[step]
-        continued = m["dataflex/alloc/continued"]
+        asked = m["dataflex/speed/continued_groups"]
+        lost = m.get("dataflex/refill/failed_continuations", 0.0)
+        continued = m["dataflex/alloc/continued"]  # groups a continuation really extended
+        assert continued == asked - lost and continued > 0
         # the screening round is every prompt at the group size, its qualified groups continued
-        assert m["dataflex/speed/qualified_groups"] >= continued > 0
-        assert m["dataflex/alloc/covered"] == gpu_check.BATCH
-        # the kit's decision is what verl trained: only the continued groups, whole (n + n_continue rows each)
-        assert m["dataflex/trained/groups"] == continued
-        assert m["dataflex/trained/rows"] == continued * (gpu_check.N + gpu_check.N_CONTINUE)
-        assert math.isfinite(m["actor/pg_loss"])
+        assert m["dataflex/speed/qualified_groups"] >= asked and m["dataflex/alloc/covered"] == gpu_check.BATCH
+        # the kit's decision is what verl trained: only the groups it continued, whole, n + n_continue rows each;
+        # a group whose continuation failed keeps its n screening rows, none of the failed request's siblings
+        assert m["dataflex/trained/groups"] == asked
+        assert m["dataflex/trained/rows"] == continued * (n + more) + lost * n
+        assert m["dataflex/alloc/max"] == n + more and math.isfinite(m["actor/pg_loss"])
+    # the failed continuation was counted once, at step 1 (request 16 is one of step 1's continuations)
+    assert speed.metrics[1]["dataflex/refill/failed_continuations"] == 1
+    assert "dataflex/refill/failed_continuations" not in speed.metrics[2]
     # the check fails on a run that generated one rollout more than the plan, or trained a smaller group
     for key, delta in (("compute/generated_rollouts", 1.0), ("dataflex/alloc/max", -1.0)):
         broken = copy.deepcopy(speed.metrics)

@@ -4,8 +4,9 @@ and the checks on recorded runs.
 ``fixtures/gpu_smoke_cpu.json`` holds the metrics of every run of the CPU rehearsal of the GPU check's predecessor
 (``gpu_smoke.py --cpu``: verl's real ``main_ppo`` with the test-only ``cpu_hf`` rollout, rollout caching
 included): ``off`` (``dataflex_sync``, no block), ``off2`` (verl's ``sync`` replaying ``off``'s rollouts),
-``select`` and ``reweight`` (replaying them too). ``fixtures/gpu_check_speed_cpu.json`` is the e2e tier's
-``speed`` run (SPEED in bf16 through the real agent loop, requests finishing out of order).
+``select`` and ``reweight`` (replaying them too). ``fixtures/gpu_check_speed_cpu.json`` is a run of the e2e
+tier's ``speed`` configuration without its failed request (SPEED in bf16 through the real agent loop, requests
+finishing out of order).
 ``fixtures/gpu_smoke_off_console.log`` is the console output of the ``off`` run, trimmed to the lines around
 verl's metric prints. The checks must pass on the recordings and fail when a method did nothing.
 """
@@ -322,10 +323,13 @@ def test_speed_fails_off_the_plan(gc, recorded):
     assert not gc.check_speed(idle, [1]).ok
 
 
-def test_speed_plan_counts_a_failed_group_out(gc):
-    m = {1: {"dataflex/alloc/continued": 2.0, "dataflex/refill/failed_groups": 1.0}}
+def test_speed_plan_counts_failed_groups_and_continuations_out(gc):
+    m = {1: {"dataflex/alloc/continued": 2.0, "dataflex/refill/failed_groups": 1.0,
+             "dataflex/refill/failed_continuations": 1.0}}
+    # a failed screening group generates nothing counted; a failed continuation leaves its group its n rows
     assert gc.speed_plan(m, 1) == {"generated": 3 * gc.N + 2 * gc.N_CONTINUE, "largest": gc.N + gc.N_CONTINUE,
-                                   "trained": 2 * (gc.N + gc.N_CONTINUE), "continued": 2.0, "failed": 1.0}
+                                   "trained": 2 * (gc.N + gc.N_CONTINUE) + gc.N, "continued": 2.0, "failed": 1.0,
+                                   "failed_continuations": 1.0}
 
 
 def test_mix_fails_when_draws_ignore_the_published_probabilities(gc):
