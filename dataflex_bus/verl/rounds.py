@@ -138,6 +138,7 @@ class GenerationRounds:
         rounds: list[tuple[list[str], list[str]]] = []  # per round: trajectory keys (row order), failed uids
         #: continuation prompt uid -> the group (prompt uid) its rollouts extend
         owner: dict[str, str] = {}
+        lost = 0  # continuation prompts whose request failed
         while True:
             uids, self._dispatched = self._dispatched, []
             ahead: dict[str, str] | None = None  # continuations dispatched as their groups arrived -> group
@@ -152,11 +153,13 @@ class GenerationRounds:
                 while (more := gen.continuation()) is not None:
                     first_keys = [keys[r] for r in more.rows.tolist()]
                     if ahead is not None:  # the kit checked that the whole round asks for what was dispatched
-                        extra = self._rest_of_continuation(buffer, partition_id, uids, first_keys,
-                                                           more.counts.tolist(), ahead, owner)
+                        extra, failed_more = self._rest_of_continuation(buffer, partition_id, uids, first_keys,
+                                                                        more.counts.tolist(), ahead, owner)
                         ahead = None
                     else:
-                        extra = self._continue(buffer, partition_id, first_keys, more.counts.tolist(), owner)
+                        extra, failed_more = self._continue(buffer, partition_id, first_keys, more.counts.tolist(),
+                                                            owner)
+                    lost += len(failed_more)
                     keys = keys + extra
                     tags = [buffer.partitions[partition_id][k] for k in extra]
                     gen.extend(self._rollouts(KVBatchMeta(partition_id=partition_id, keys=extra, tags=tags),
@@ -188,6 +191,8 @@ class GenerationRounds:
         trained = list(dict.fromkeys(trained))  # a uid per prompt dispatched, rounds in dispatch order
         if failures:
             step.metrics["dataflex/refill/failed_groups"] = float(failures)
+        if lost:
+            step.metrics["dataflex/refill/failed_continuations"] = float(lost)
         # The batch in the fill's order (the rounds', each in dispatch order), not in TransferQueue's arrival
         # order: what a step trains does not depend on which request the engine finished first.
         rank = {u: i for i, u in enumerate(trained)}
@@ -244,19 +249,23 @@ class GenerationRounds:
         return keys, failed, continued
 
     def _rest_of_continuation(self, buffer: ReplayBuffer, partition_id: str, uids: list[str], first_keys: list[str],
-                              counts: list[int], ahead: dict[str, str], owner: dict[str, str]) -> list[str]:
+                              counts: list[int], ahead: dict[str, str],
+                              owner: dict[str, str]) -> tuple[list[str], list[str]]:
         """A pipelined round's continuation: the groups of ``first_keys`` not dispatched ahead (``ahead``: prompt
         uid -> group) are dispatched now and waited for (:meth:`_continue`); returns every continuation's keys
-        in the order of their groups in the round (``uids``), as :meth:`_continue` gives them."""
+        in the order of their groups in the round (``uids``), as :meth:`_continue` gives them, and the
+        continuation prompts that failed (dropped: :meth:`_drop_failed`)."""
         sent = set(ahead.values())
         rest = [(k, c) for k, c in zip(first_keys, counts) if uid_of(k) not in sent]
-        late = self._continue(buffer, partition_id, [k for k, _ in rest], [c for _, c in rest], owner) if rest else []
-        landed = set(ahead) - buffer.failure_keys[partition_id]  # a failed continuation adds nothing
+        late, failed = (self._continue(buffer, partition_id, [k for k, _ in rest], [c for _, c in rest], owner)
+                        if rest else ([], []))
+        failed = failed + self._drop_failed(buffer, partition_id, list(ahead))
         owner.update(ahead)
         position = {u: i for i, u in enumerate(uids)}
+        landed = set(ahead) - set(failed)
         extra = [k for k in buffer.partitions[partition_id] if uid_of(k) in landed] + late
         extra.sort(key=lambda k: position[owner[uid_of(k)]])
-        return extra
+        return extra, failed
 
     def _arrivals(self, buffer: ReplayBuffer, partition_id: str, round_: set[str],
                   continued: dict[str, str]) -> Iterator[set[str]]:
@@ -307,17 +316,27 @@ class GenerationRounds:
             tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=relabel)
 
     def _continue(self, buffer: ReplayBuffer, partition_id: str, first_keys: list[str], counts: list[int],
-                  owner: dict[str, str]) -> list[str]:
+                  owner: dict[str, str]) -> tuple[list[str], list[str]]:
         """A continuation round: ``counts[i]`` more rollouts of the prompt of ``first_keys[i]``'s group, dispatched
         as new prompts (:meth:`_dispatch_more`) whose trajectories then carry the group's uid (verl's advantage
-        groups by it); waited for whole; returns their trajectory keys. A continuation prompt that fails adds
-        nothing to its group."""
+        groups by it); waited for whole; returns their trajectory keys and the continuation prompts that failed
+        (each adds nothing to its group: :meth:`_drop_failed`)."""
         groups = [owner.get(uid_of(k), uid_of(k)) for k in first_keys]
         fresh = self._dispatch_more(groups, counts)
-        keys, _ = self._terminal_keys(buffer, partition_id, fresh)
+        keys, failed = self._terminal_keys(buffer, partition_id, fresh)
         self._relabel(buffer, partition_id, fresh, dict(zip(fresh, groups)))
+        self._drop_failed(buffer, partition_id, failed)
         owner.update(zip(fresh, groups))
-        return keys
+        return keys, failed
+
+    @staticmethod
+    def _drop_failed(buffer: ReplayBuffer, partition_id: str, continuations: list[str]) -> list[str]:
+        """The continuation prompts of ``continuations`` that failed, their surviving sessions cleared from
+        TransferQueue (no round reads them and nothing else would clear them); returns them."""
+        failed = [u for u in continuations if u in buffer.failure_keys[partition_id]]
+        if failed:
+            buffer._clear_groups(partition_id, set(failed))
+        return failed
 
     def _wait_terminal(self, buffer: ReplayBuffer, partition_id: str, uids: set[str]) -> None:
         """Read TransferQueue until every prompt of ``uids`` finished or failed: soon after the last one does

@@ -1,6 +1,6 @@
 """Runs verl 0.9.1's real ``python -m verl.trainer.main_ppo`` on a CPU box (test-only, never shipped).
 
-The model, data, reward and verl keys are the GPU proof's (``scripts/gpu_smoke.py``, imported by path);
+The model, data, reward and verl keys are the GPU check's (``scripts/gpu_check.py``, imported by path);
 this module adds what a CPU needs: the backend module :mod:`verl_cpu` loaded into every Ray worker
 through ``VERL_USE_EXTERNAL_MODULES``, and the verl keys below.
 """
@@ -52,16 +52,18 @@ def cpu_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def load_smoke() -> ModuleType:
-    """``scripts/gpu_smoke.py`` as a module (its writers, overrides, parser and checks)."""
-    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
+def load_gpu_check() -> ModuleType:
+    """``scripts/gpu_check.py`` as a module (its writers, overrides, parser and checks)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)  # dataclasses resolve their module by name
     spec.loader.exec_module(sys.modules[spec.name])
     return sys.modules[spec.name]
 
 
-def cpu_overrides(smoke: ModuleType, inputs, *, steps: int, mode: str = "dataflex_sync",
-                  extra: Sequence[str] = ()) -> list[str]:
-    """The GPU proof's keys with the CPU rollout and :data:`CPU_KEYS`, plus ``extra``."""
-    return [*smoke.base_overrides(inputs, steps=steps, rollout=ROLLOUT_NAME, mode=mode), *CPU_KEYS, *extra]
+def cpu_overrides(gpu_check: ModuleType, inputs, *, steps: int, mode: str = "dataflex_sync",
+                  extra: Sequence[str] = (), **keys: object) -> list[str]:
+    """The GPU check's keys (``keys``: more arguments of its ``base_overrides``) with the CPU rollout and
+    :data:`CPU_KEYS`, plus ``extra``."""
+    return [*gpu_check.base_overrides(inputs, steps=steps, rollout=ROLLOUT_NAME, mode=mode, **keys), *CPU_KEYS,
+            *extra]

@@ -39,9 +39,9 @@ def test_the_e2e_tier_names_each_test_and_reports_a_running_main_ppo(pytester, m
         from e2e_conftest import harness, launch
 
         def test_stand_in(pytestconfig, tmp_path):
-            smoke = harness.load_smoke()
+            gpu_check = harness.load_gpu_check()
             print("captured, never shown")
-            result = launch(pytestconfig, smoke, smoke.Run("stand_in", []), tmp_path, dict(os.environ),
+            result = launch(pytestconfig, gpu_check, gpu_check.Run("stand_in", []), tmp_path, dict(os.environ),
                             command=[sys.executable, "-c", {STAND_IN!r}])
             assert result.returncode == 0 and sorted(result.metrics) == [1, 2, 3, 4]
     """)

@@ -24,10 +24,21 @@ run does. The ``n`` samples of a GRPO group share a prompt, so they get seeds ``
 arrival order may differ between runs, but the group's set of responses does not, and neither does
 anything GRPO computes from it (the harness trains one PPO mini-batch per step, so the row order within
 the batch does not matter either).
+
+Test-only knobs, read from the run's environment (Ray workers inherit it), so the e2e tier can make verl's
+real agent loop meet what a GPU server does to it:
+
+* ``DATAFLEX_CPU_HF_DELAY=<seconds>``: each request waits up to that long before generating, the wait drawn
+  from the request's seed (reproducible run after run), so requests finish in another order than they arrived.
+* ``DATAFLEX_CPU_HF_FAIL=<k>``: the ``k``-th request the server receives in the run (0-based, arrival order)
+  raises instead of generating: one failed session, so its group is verl's ``failure``.
+* ``DATAFLEX_CPU_HF_JOURNAL=<path>``: every request appends ``arrived <k>``, then ``done <k>`` or
+  ``failed <k>``, so a test can see the completion order it caused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -47,6 +58,17 @@ log = logging.getLogger("verl_cpu")
 
 #: ``actor_rollout_ref.rollout.name`` of the CPU backend.
 ROLLOUT_NAME = "cpu_hf"
+#: The test-only knobs (module docstring).
+DELAY_ENV, FAIL_ENV, JOURNAL_ENV = "DATAFLEX_CPU_HF_DELAY", "DATAFLEX_CPU_HF_FAIL", "DATAFLEX_CPU_HF_JOURNAL"
+
+
+class InjectedFailure(RuntimeError):
+    """The one request ``DATAFLEX_CPU_HF_FAIL`` names."""
+
+
+def request_delay(seed: int, longest: float) -> float:
+    """The seconds a request waits before generating: a share of ``longest`` drawn from its seed."""
+    return longest * (seed % 1009) / 1008 if longest > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------- platform
@@ -214,6 +236,16 @@ class CPUGenerateServer:
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self.global_steps: int | None = None
         self.served: Counter[tuple[int, ...]] = Counter()
+        self.arrived = 0  # requests received in the run, the DATAFLEX_CPU_HF_FAIL ordinal
+        self.longest_delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        fail = os.environ.get(FAIL_ENV, "")
+        self.fail_ordinal = int(fail) if fail else None
+        self.journal = os.environ.get(JOURNAL_ENV) or None
+
+    def _note(self, what: str, ordinal: int) -> None:
+        if self.journal is not None:
+            with open(self.journal, "a") as fh:
+                fh.write(f"{what} {ordinal}\n")
 
     # ------------------------------------------------------------------ generation
     def _max_tokens(self, prompt_len: int, sampling_params: dict[str, Any]) -> int:
@@ -268,7 +300,17 @@ class CPUGenerateServer:
         self.served[prompt] += 1
         version = -1 if self.global_steps is None else int(self.global_steps)
         seed = request_seed(int(self.config.seed), version, list(prompt), occurrence)
+        ordinal, self.arrived = self.arrived, self.arrived + 1
+        self._note("arrived", ordinal)
+        # Everything above ran at arrival (the seed too): the wait reorders completions, not samples.
+        delay = request_delay(seed, self.longest_delay)
+        if delay:
+            await asyncio.sleep(delay)
+        if ordinal == self.fail_ordinal:
+            self._note("failed", ordinal)
+            raise InjectedFailure(f"cpu_hf: request {ordinal} of the run fails ({FAIL_ENV}={ordinal}, test-only)")
         tokens, log_probs = self._generate(list(prompt), dict(sampling_params), seed)
+        self._note("done", ordinal)
         want_logprobs = bool(sampling_params.get("logprobs", False))
         return TokenOutput(token_ids=tokens, log_probs=log_probs if want_logprobs else None,
                            stop_reason="completed", extra_fields={"global_steps": self.global_steps})
