@@ -71,6 +71,21 @@ def test_dots_under_vllm_needs_trl_s_correction_to_be_its_own_or_off():
     assert validate(block, host=describe({**VLLM, "vllm_importance_sampling_correction": False})).methods
 
 
+def test_dots_under_vllm_with_vespo_needs_trl_s_correction_off():
+    """vespo folds TRL's vLLM ratio into its sequence gamma weight (not a per-token factor): TRL's token_truncate
+    ratio is not DOTS's weight there, so only TRL's correction off (the kit weights the rows) is exact."""
+    block = load_config(ROOT / "examples" / "dots_replay.yaml")["dataflex"]
+    cap = block["actuator"]["params"]["is_cap"]
+    exact_elsewhere = {**VLLM, "vllm_importance_sampling_mode": "token_truncate",
+                       "vllm_importance_sampling_clip_max": cap}
+    assert validate(block, host=describe(exact_elsewhere)).methods
+    assert describe({**exact_elsewhere, "loss_type": "vespo"}).rollout_is is None
+    with pytest.raises(ConfigError, match=r"(?s)GRPOConfig\.loss_type.*vespo.*vllm_importance_sampling_correction"):
+        validate(block, host=describe({**exact_elsewhere, "loss_type": "vespo"}))
+    assert validate(block, host=describe({**VLLM, "loss_type": "vespo",
+                                          "vllm_importance_sampling_correction": False})).methods
+
+
 def test_an_allocation_is_refused_under_server_mode_vllm_naming_the_reason():
     block = load_config(ROOT / "examples" / "speed.yaml")["dataflex"]
     assert validate(block, host=describe(VLLM)).methods
