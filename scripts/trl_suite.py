@@ -5,10 +5,11 @@
                                              the pinned commit from a TRL git repository (a checkout or a bare
                                              mirror) into tests/trl_suite/upstream/, checking their blob ids
   scripts/trl_suite.py run [--variants trl,no_block,keep_everything] [--chunks N] [--lock FILE] [-k EXPR]
-                                             every test (not only the subset bare pytest runs), once per variant,
-                                             in N pytest processes per variant (each under ``flock FILE`` when
-                                             given: a shared machine's heavy-job lock); prints pass/fail/skip per
-                                             variant and every test whose outcome differs from TRL's own class
+                                             every test (not only the subset bare pytest runs) under every variant,
+                                             in N pytest processes (chunks of test functions; each under
+                                             ``flock FILE`` when given: a shared machine's heavy-job lock); prints
+                                             pass/fail/skip per variant and every test whose outcome differs from
+                                             TRL's own class
 
 Run from the repository root with the project's environment active.
 """
@@ -48,40 +49,59 @@ def fetch(trl_git: Path) -> None:
 
 
 def collect(keyword: str | None) -> list[str]:
+    """The test functions (``path::Class::test``), each once: a chunk runs every parametrization and variant."""
     cmd = [sys.executable, "-m", "pytest", str(UPSTREAM), "--collect-only", "-q", "-p", "no:cacheprovider"]
     if keyword:
         cmd += ["-k", keyword]
     env = {**os.environ, "DATAFLEX_TRL_SUITE": "all", "DATAFLEX_TRL_SUITE_VARIANTS": "trl"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True).stdout
-    return [line.replace("[trl]", "").replace("[trl-", "[") for line in out.splitlines() if "::" in line]
+    return list(dict.fromkeys(line.split("[", 1)[0] for line in out.splitlines() if "::" in line))
 
 
-def with_variant(test: str, variant: str) -> str:
-    """A collected id (no variant) as the node id of ``variant``'s run: the variant is its first parameter."""
-    return test.replace("[", f"[{variant}-", 1) if test.endswith("]") else f"{test}[{variant}]"
-
-
-def run_variant(variant: str, tests: list[str], chunks: int, lock: str | None) -> dict[str, str]:
-    """Each test's outcome (passed, failed, error, skipped) under ``variant``."""
-    outcomes: dict[str, str] = {}
-    size = -(-len(tests) // max(1, chunks))
-    env = {**os.environ, "DATAFLEX_TRL_SUITE": "all", "DATAFLEX_TRL_SUITE_VARIANTS": variant}
-    for start in range(0, len(tests), size):
-        with tempfile.NamedTemporaryFile(suffix=".xml") as report:
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report.name}",
-                   *(with_variant(t, variant) for t in tests[start:start + size])]
-            if lock:
-                cmd = ["flock", lock, *cmd]
-            subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-            for case in ET.parse(report.name).getroot().iter("testcase"):
-                name = case.get("name", "")
-                kinds = {child.tag for child in case}
-                outcome = ("failed" if "failure" in kinds else "error" if "error" in kinds
-                           else "skipped" if "skipped" in kinds else "passed")
-                outcomes[name.replace(f"[{variant}]", "").replace(f"[{variant}-", "[")] = outcome
-        done = sum(1 for _ in outcomes)
-        print(f"  {variant}: {done}/{len(tests)} run", flush=True)
+def run_chunks(functions: list[str], variants: str, chunks: int, lock: str | None, out: Path,
+               keyword: str | None) -> dict[str, dict[str, str]]:
+    """Each test's outcome (passed, failed, error, skipped) per variant; one pytest per chunk of functions, every
+    variant in it, its JUnit report kept in ``out``."""
+    outcomes: dict[str, dict[str, str]] = {v: {} for v in variants.split(",")}
+    size = -(-len(functions) // max(1, chunks))
+    env = {**os.environ, "DATAFLEX_TRL_SUITE": "all", "DATAFLEX_TRL_SUITE_VARIANTS": variants}
+    out.mkdir(parents=True, exist_ok=True)
+    for n, start in enumerate(range(0, len(functions), size)):
+        report = out / f"chunk{n}.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+               *functions[start:start + size], *(["-k", keyword] if keyword else [])]
+        subprocess.run(["flock", lock, *cmd] if lock else cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+        read_report(report, outcomes)
+        print(f"  chunk {n}: {len(functions[start:start + size])} functions, report {report}", flush=True)
     return outcomes
+
+
+def read_report(report: Path, outcomes: dict[str, dict[str, str]]) -> None:
+    """``outcomes[variant][test without the variant]`` from a JUnit report."""
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = case.get("name", "")
+        stem, _, params = name.partition("[")
+        variant, _, rest = params.rstrip("]").partition("-")
+        if variant not in outcomes:
+            continue
+        kinds = {child.tag for child in case}
+        outcome = ("failed" if "failure" in kinds else "error" if "error" in kinds
+                   else "skipped" if "skipped" in kinds else "passed")
+        outcomes[variant][f"{stem}[{rest}]" if rest else stem] = outcome
+
+
+def summary(results: dict[str, dict[str, str]]) -> None:
+    for variant, outcomes in results.items():
+        counts = Counter(outcomes.values())
+        print(f"{variant}: {counts['passed']} passed, {counts['failed'] + counts['error']} failed, "
+              f"{counts['skipped']} skipped (of {len(outcomes)})")
+    if "trl" in results:
+        for variant, outcomes in results.items():
+            if variant == "trl":
+                continue
+            for name, trl_outcome in sorted(results["trl"].items()):
+                if outcomes.get(name) != trl_outcome:
+                    print(f"  differs under {variant}: {name}: trl {trl_outcome}, {variant} {outcomes.get(name)}")
 
 
 def main() -> None:
@@ -95,25 +115,16 @@ def main() -> None:
     r.add_argument("--chunks", type=int, default=1)
     r.add_argument("--lock", default=None)
     r.add_argument("-k", dest="keyword", default=None)
+    r.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "trl_suite",
+                   help="where each chunk's JUnit report is kept")
     a = parser.parse_args()
     if a.command == "fetch":
         fetch(a.trl_git)
         return
     if not (UPSTREAM / "test_grpo_trainer.py").is_file():
         raise SystemExit("TRL's tests are not fetched: scripts/trl_suite.py fetch --trl-git DIR")
-    tests = collect(a.keyword)
-    results = {v: run_variant(v, tests, a.chunks, a.lock) for v in a.variants.split(",")}
-    for variant, outcomes in results.items():
-        counts = Counter(outcomes.values())
-        print(f"{variant}: {counts['passed']} passed, {counts['failed'] + counts['error']} failed, "
-              f"{counts['skipped']} skipped (of {len(outcomes)})")
-    if "trl" in results:
-        for variant, outcomes in results.items():
-            if variant == "trl":
-                continue
-            for name, trl_outcome in sorted(results["trl"].items()):
-                if outcomes.get(name) != trl_outcome:
-                    print(f"  differs under {variant}: {name}: trl {trl_outcome}, {variant} {outcomes.get(name)}")
+    results = run_chunks(collect(a.keyword), a.variants, a.chunks, a.lock, a.out, a.keyword)
+    summary(results)
 
 
 if __name__ == "__main__":

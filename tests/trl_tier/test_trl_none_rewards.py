@@ -16,7 +16,7 @@ import torch
 import trl_tiny as T
 
 from dataflex_bus import Score, Scorer
-from dataflex_bus.errors import BatchFieldError
+from dataflex_bus.errors import PluginRuntimeError
 from dataflex_bus.trl import DataflexGRPOTrainer
 
 pytestmark = pytest.mark.trl
@@ -26,10 +26,12 @@ ROWS = T.interleave(MIXED[:4], FLAT[:4], 2, 2)
 KEEP_ALL = {"mechanism": "select", "scorer": {"name": "test_reward_seen"},
             "actuator": {"name": "threshold_band", "params": {"low": -1e9, "high": 1e9}}}
 SEEN: list[torch.Tensor] = []
+ROWS_PER_GEN = 16
 
 
 class RewardSeen(Scorer):
-    """Each row's reward as the bus reads it (rm_scores summed over the row), recorded."""
+    """Each row's reward as the bus reads it (rm_scores summed over the row), recorded for generation batches of
+    :data:`ROWS_PER_GEN` rows (validation also runs the block on its probe batch)."""
 
     requires = ("rm_scores",)
     timing = "post_reward"
@@ -37,7 +39,8 @@ class RewardSeen(Scorer):
 
     def score(self, batch, step, **ctx):
         reward = batch["rm_scores"].sum(dim=1)
-        SEEN.append(reward.clone())
+        if len(batch) == ROWS_PER_GEN:
+            SEEN.append(reward.clone())
         return Score(reward, "response")
 
 
@@ -62,7 +65,8 @@ def seen(register):
 
 
 def test_a_function_returning_none_is_left_out_of_the_sum_as_trl_does(seen):
-    kw = dict(rows=ROWS, rows_per_gen=16, spg=2, ga=2, steps=2, reward_funcs=[T.correct, applicable_to_odd_answers])
+    kw = dict(rows=ROWS, rows_per_gen=ROWS_PER_GEN, spg=2, ga=2, steps=2,
+              reward_funcs=[T.correct, applicable_to_odd_answers])
     a = T.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": KEEP_ALL}, **kw)
     b = T.train(**kw)
     assert T.compare(a, b) == 0.0
@@ -75,8 +79,8 @@ def test_a_function_returning_none_is_left_out_of_the_sum_as_trl_does(seen):
 
 
 def test_a_row_no_function_scored_is_nan_to_the_bus_and_on_nonfinite_decides(seen):
-    kw = dict(rows=ROWS, rows_per_gen=16, spg=2, ga=2, steps=1, reward_funcs=[only_even, never])
-    with pytest.raises(BatchFieldError, match="non-finite score"):
+    kw = dict(rows=ROWS, rows_per_gen=ROWS_PER_GEN, spg=2, ga=2, steps=1, reward_funcs=[only_even, never])
+    with pytest.raises(PluginRuntimeError, match=r"test_reward_seen.*non-finite score"):
         T.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": KEEP_ALL}, **kw)
     nan_rows = torch.isnan(seen[0])
     answers = [r["answer"] for r in ROWS[:4] for _ in range(T.G)]
