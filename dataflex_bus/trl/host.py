@@ -33,11 +33,13 @@ log = logging.getLogger("dataflex_bus")
 
 NAME = "trl"
 #: ``loss_type`` values under which removing a row leaves the update exactly as if it had never been generated
-#: (tests/trl_tier/test_trl_exact.py compares each against plain TRL on a batch that never held the dropped groups).
-SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-#: TRL's other loss types: their normalisers match the supported ones' (sapo: grpo's; cispo, vespo: dapo's;
-#: luspo: a per-row sum) but the host's exactness is not proven for them, so a block is refused there.
-OTHER_LOSS_TYPES = ("sapo", "cispo", "luspo", "vespo")
+#: and a weight ``w >= 0`` multiplied into the advantages multiplies the policy-gradient term by ``w``
+#: (tests/trl_tier/test_trl_exact.py and test_trl_loss_types.py compare each against plain TRL). Why each holds:
+#: the normalisers are per-row means (grpo, sapo, luspo), micro-batch token sums (bnpo), rows x
+#: max_completion_length (dr_grpo) or ``num_items_in_batch`` (dapo, cispo, vespo), which the host recomputes for
+#: the kept rows; every per-token loss is linear in the advantage once its sign is fixed (sapo's temperature and
+#: vespo's gamma shape read only the sign, which a positive weight keeps; a zero weight zeroes the term).
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 KEY = "GRPOConfig"
 
 ON_ROLLOUT = frozenset({"prompts", "responses", "response_mask", "loss_mask", "attention_mask", "input_ids",
@@ -202,10 +204,9 @@ def block_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex", *, datas
                                   "the dataflex TRL host", ["text prompts"]))
     loss_type = str(field_of(args, "loss_type", "dapo"))
     if loss_type not in SUPPORTED_LOSS_TYPES:
-        known = "" if loss_type in OTHER_LOSS_TYPES else " (not a TRL 1.16 loss type)"
         issues.append(ConfigIssue(
-            f"{KEY}.loss_type", f"{loss_type!r}{known}: the TRL host removes dropped rows from the update and is "
-            f"proven exact only for {', '.join(SUPPORTED_LOSS_TYPES)}", list(SUPPORTED_LOSS_TYPES)))
+            f"{KEY}.loss_type", f"{loss_type!r} is not a TRL 1.16 loss type: the TRL host removes dropped rows "
+            f"from the update and is proven exact for {', '.join(SUPPORTED_LOSS_TYPES)}", list(SUPPORTED_LOSS_TYPES)))
     span, accumulation = generation_span(args)
     if span % accumulation:
         issues.append(ConfigIssue(

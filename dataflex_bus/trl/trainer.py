@@ -206,8 +206,14 @@ class DataflexGRPOTrainer(SkippedUpdates, GRPOTrainer):
                     model, input_ids, attention_mask, logits_to_keep, *args, **{**kwargs, "compute_entropy": True})
                 p.entropies = entropies
                 return logps, None, aux
-        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                          *args, **kwargs)
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                                            logits_to_keep, *args, **kwargs)
+        if entropies is not None and entropies.requires_grad and not getattr(self, "_entropy_bonus_enabled", True):
+            # Without TRL's entropy bonus the entropies only feed metrics and the top-entropy mask, neither
+            # differentiable: TRL 1.16's fused head still returns them attached, so their graph is let go here
+            # (TRL's own test_entropy_bonus_flows_gradients asks for exactly this; gradients are unchanged).
+            entropies = entropies.detach()
+        return logps, entropies, aux
 
     def _calculate_rewards(self, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
                            completion_ids_list: list[list[int]]) -> Tensor:

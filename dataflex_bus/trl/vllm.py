@@ -44,6 +44,8 @@ SERVER_RAGGED = ("with use_vllm=True and vllm_mode='server' TRL asks the vLLM se
                  "transformers' generation")
 #: TRL's vLLM importance-sampling mode whose ratio is DOTS's decoupled weight.
 TOKEN_TRUNCATE = "token_truncate"
+#: The loss type that reads TRL's vLLM ratio inside its sequence gamma weight instead of multiplying it per token.
+VESPO = "vespo"
 
 
 def uses_vllm(args: Any) -> bool:
@@ -63,7 +65,8 @@ def host_truncates(args: Any) -> bool:
     """Whether TRL's own correction is ``min(pi_old / mu_vLLM, clip_max)`` per token with no lower bound: the
     host's ``rollout_is="token"`` (:attr:`~dataflex_bus.host.HostDescription.rollout_is`)."""
     return (trl_corrects(args) and str(field_of(args, "vllm_importance_sampling_mode", "sequence_mask")) ==
-            TOKEN_TRUNCATE and field_of(args, "vllm_importance_sampling_clip_min", None) is None)
+            TOKEN_TRUNCATE and field_of(args, "vllm_importance_sampling_clip_min", None) is None
+            and str(field_of(args, "loss_type", "dapo")) != VESPO)
 
 
 def adjust(args: Any, capabilities: set[str], missing: dict[str, str]) -> str | None:
@@ -96,6 +99,12 @@ def replay_issues(args: Any, cfg: DataflexConfig, key: str = "dataflex") -> list
         where = f"{mkey}.actuator.params.correction=decoupled weights every row by min(pi_old / mu, is_cap)"
         off = f"or {KEY}.vllm_importance_sampling_correction=False (the kit then weights the rows itself)"
         mode_ = str(field_of(args, "vllm_importance_sampling_mode", "sequence_mask"))
+        if str(field_of(args, "loss_type", "dapo")) == VESPO:
+            issues.append(ConfigIssue(f"{KEY}.loss_type", f"is {VESPO!r}: {where} per token, and vespo folds TRL's "
+                                      "vLLM ratio into its sequence-level gamma weight instead of multiplying it per "
+                                      "token, so neither TRL's ratio nor a second weighting is DOTS's",
+                                      hint=f"set {off.removeprefix('or ')}"))
+            continue
         cap = field_of(args, "vllm_importance_sampling_clip_max", 3.0)
         if mode_ != TOKEN_TRUNCATE:
             issues.append(ConfigIssue(f"{KEY}.vllm_importance_sampling_mode", f"is {mode_!r}: {where} per token, and "

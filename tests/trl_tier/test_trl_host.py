@@ -11,7 +11,7 @@ import torch
 
 from dataflex_bus.config import load_config
 from dataflex_bus.errors import ConfigError
-from dataflex_bus.trl.host import OTHER_LOSS_TYPES, SUPPORTED_LOSS_TYPES, describe
+from dataflex_bus.trl.host import SUPPORTED_LOSS_TYPES, describe
 from dataflex_bus.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +71,21 @@ def test_dots_under_vllm_needs_trl_s_correction_to_be_its_own_or_off():
     assert validate(block, host=describe({**VLLM, "vllm_importance_sampling_correction": False})).methods
 
 
+def test_dots_under_vllm_with_vespo_needs_trl_s_correction_off():
+    """vespo folds TRL's vLLM ratio into its sequence gamma weight (not a per-token factor): TRL's token_truncate
+    ratio is not DOTS's weight there, so only TRL's correction off (the kit weights the rows) is exact."""
+    block = load_config(ROOT / "examples" / "dots_replay.yaml")["dataflex"]
+    cap = block["actuator"]["params"]["is_cap"]
+    exact_elsewhere = {**VLLM, "vllm_importance_sampling_mode": "token_truncate",
+                       "vllm_importance_sampling_clip_max": cap}
+    assert validate(block, host=describe(exact_elsewhere)).methods
+    assert describe({**exact_elsewhere, "loss_type": "vespo"}).rollout_is is None
+    with pytest.raises(ConfigError, match=r"(?s)GRPOConfig\.loss_type.*vespo.*vllm_importance_sampling_correction"):
+        validate(block, host=describe({**exact_elsewhere, "loss_type": "vespo"}))
+    assert validate(block, host=describe({**VLLM, "loss_type": "vespo",
+                                          "vllm_importance_sampling_correction": False})).methods
+
+
 def test_an_allocation_is_refused_under_server_mode_vllm_naming_the_reason():
     block = load_config(ROOT / "examples" / "speed.yaml")["dataflex"]
     assert validate(block, host=describe(VLLM)).methods
@@ -92,7 +107,7 @@ def test_the_seed_quick_start_and_the_stack_example_validate_unchanged():
     assert [m.name for m in validate(stack, host=host).methods] == ["filter", "curriculum", "ar"]
 
 
-@pytest.mark.parametrize("loss_type", [*OTHER_LOSS_TYPES, "made_up"])
+@pytest.mark.parametrize("loss_type", ["made_up", "GRPO"])
 def test_a_loss_type_without_proven_exact_drops_is_refused_by_name(loss_type):
     with pytest.raises(ConfigError) as err:
         validate(QUICK_START, host=describe({**ARGS, "loss_type": loss_type}))

@@ -228,7 +228,7 @@ def test_what_trl_cannot_run_is_refused_at_construction_naming_the_field():
                             args=T.config("/tmp/dataflex-refused", rows_per_gen=8, **cfg), dataflex=DAPO)
 
     with pytest.raises(ConfigError, match=r"GRPOConfig\.loss_type"):
-        build(Dataset.from_list(rows), loss_type="cispo")
+        build(Dataset.from_list(rows), loss_type="made_up")
     with pytest.raises(ConfigError, match="gradient_accumulation_steps"):
         build(Dataset.from_list(rows), spg=2, ga=4)
     with pytest.raises(ConfigError, match="train_dataset"):
