@@ -396,9 +396,9 @@ class Run:
         emit = runtime.emit
         self.decisions: list[tuple[str, Any]] = []
 
-        def spy(event, batch, step):
+        def spy(event, batch, step, **how):
             self.events.append(event)
-            decision = emit(event, batch, step)
+            decision = emit(event, batch, step, **how)
             self.decisions.append((event, decision, batch))
             return decision
 
