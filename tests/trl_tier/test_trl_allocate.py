@@ -5,7 +5,7 @@ those prompts alone, bit for bit. Groups of unequal sizes get TRL's formula per 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -13,8 +13,8 @@ pytest.importorskip("trl")
 
 import torch
 import trl_tiny as T
+from trl_methods import by_position
 
-from dataflex_bus.components import ALLOCATION_PARAMS, Allocation, Allocator, Param, Score, Scorer
 from dataflex_bus.trl import DataflexGRPOTrainer
 
 pytestmark = pytest.mark.trl
@@ -22,35 +22,12 @@ pytestmark = pytest.mark.trl
 MIXED, FLAT = T.prompts()
 
 
-class Position(Scorer):
-    """A candidate's position in its draw (pre_rollout)."""
-
-    timing: ClassVar = "pre_rollout"
-    granularity: ClassVar = "prompt"
-
-    def score(self, batch, step, **ctx):
-        return Score(torch.arange(len(batch), dtype=torch.float64), "prompt")
-
-
-class ByPosition(Allocator):
-    """``counts[i % len(counts)]`` rollouts to the candidate at position ``i``."""
-
-    params: ClassVar = {**ALLOCATION_PARAMS, "counts": Param(list, [4], item=int, doc="rollouts by position")}
-    counts: list[int]
-
-    def allocate(self, batch, score, step, budget):
-        pattern = torch.tensor(self.counts, dtype=torch.long)
-        return Allocation(pattern[torch.arange(len(batch)) % pattern.numel()])
-
-
 @pytest.fixture
 def allocate(register):
-    register("scorer", "test_position", Position)
-    register("allocator", "test_by_position", ByPosition)
+    """``allocate(counts, **params)``: the block allocating ``counts[i % len(counts)]`` rollouts to position ``i``."""
 
     def block(counts: list[int], **params: Any) -> dict[str, Any]:
-        return {"mechanism": "allocate", "scorer": {"name": "test_position"},
-                "actuator": {"name": "test_by_position", "params": {"counts": counts, "max_n": 16, **params}}}
+        return by_position(register, counts, **params)
 
     return block
 

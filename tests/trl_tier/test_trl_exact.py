@@ -12,8 +12,9 @@ pytest.importorskip("trl")
 
 import torch
 import trl_tiny as T
+from trl_methods import DAPO, KEEP_ALL, TWICE, Once, Twice, assert_twice_the_gradient, even_tokens
 
-from dataflex_bus import Reweighter, Reweighting, Score, Scorer, Selection, Selector
+from dataflex_bus import Score, Scorer
 from dataflex_bus.trl import DataflexGRPOTrainer
 
 pytestmark = pytest.mark.trl
@@ -21,21 +22,11 @@ pytestmark = pytest.mark.trl
 MIXED, FLAT = T.prompts()
 ROWS_A = T.interleave(MIXED[:4], FLAT[:4], 2, 2)  # every generation batch: flat, mixed, flat, mixed groups
 ROWS_B = MIXED[:4]  # the same kept groups, and nothing else
-DAPO = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}}
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 #: (steps_per_generation, gradient_accumulation_steps, num_iterations)
 SCHEDULES = [(1, 1, 1), (2, 2, 1), (2, 1, 1), (1, 1, 2), (4, 2, 2)]
-
-
-_PLAIN: dict[str, dict[str, Any]] = {}
-
-
-def plain(**kw: Any) -> dict[str, Any]:
-    """Plain TRL's run of ``kw``, trained once per module (several tests compare against the same one)."""
-    key = repr(sorted(kw.items(), key=lambda item: item[0]))
-    if key not in _PLAIN:
-        _PLAIN[key] = T.train(**kw)
-    return _PLAIN[key]
+#: Plain TRL's run of its arguments, trained once per module (several tests compare against the same one).
+plain = Once(T.train)
 
 
 def pair(loss_type: str, spg: int, ga: int, it: int, *, block: dict[str, Any] = DAPO,
@@ -111,9 +102,7 @@ def test_entropy_mask_bonus_and_truncation_masking_see_only_the_kept_rows():
 def test_a_selection_keeping_everything_replays_plain_trl_bit_for_bit():
     """The whole replay path (rounds stopped at their rewards, TRL's method on the kept rows) with nothing
     dropped: the old-log-prob pass included (ga < spg)."""
-    keep_all = {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
-                "actuator": {"name": "threshold_band", "params": {"low": 0.0, "high": 1.0}}}
-    a, b = pair("bnpo", 2, 1, 1, block=keep_all, rows_b=ROWS_A, gen_b=16)
+    a, b = pair("bnpo", 2, 1, 1, block=KEEP_ALL, rows_b=ROWS_A, gen_b=16)
     assert a["trainer"].dataflex_metrics[0]["dataflex/removed_rows"] == 0
     assert T.compare(a, b) == 0.0
 
@@ -140,56 +129,21 @@ def test_an_empty_generation_batch_skips_its_optimizer_steps():
     assert a["trainer"].dataflex_metrics[-1]["dataflex/skipped_updates"] == 2
 
 
-class Twice(Reweighter):
-    """Weight 2 on every token: a power of two, so a weighted gradient is exactly twice the plain one."""
-
-    def reweight(self, batch, score, step):
-        return Reweighting(weights=torch.full((len(batch),), 2.0))
-
-
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_weights_multiply_the_policy_gradient_term(register, loss_type):
     register("reweighter", "test_twice", Twice)
-    block = {"mechanism": "reweight", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "test_twice"}}
     kw = dict(rows=ROWS_A, rows_per_gen=16, spg=2, ga=2, loss_type=loss_type, steps=1)
-    a = T.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": block}, **kw)
+    a = T.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": TWICE}, **kw)
     b = T.train(**kw)
-    (ga,), (gb,) = a["grads"], b["grads"]
-    assert all(torch.equal(ga[n], 2 * gb[n]) for n in gb)
+    assert_twice_the_gradient(a, b)
     assert a["trainer"].dataflex_metrics[0]["dataflex/weight_mean"] == 2.0
-
-
-class Position(Scorer):
-    """``s[i, t] = t``: a token's position in its response."""
-
-    requires = ("response_mask",)
-    timing = "post_advantage"
-    granularity = "token"
-
-    def score(self, batch, step, **ctx):
-        width = batch["response_mask"].shape[1]
-        return Score(torch.arange(width, dtype=torch.float32).expand(len(batch), -1).contiguous(), "token")
-
-
-class EvenTokens(Selector):
-    """Train the tokens at even positions only, out of every loss term (``mask_kl``): each row keeps its first."""
-
-    selects_tokens = True
-    accepts = ("token",)
-    min_timing = "post_advantage"
-
-    def select(self, batch, score, step):
-        tokens = (score.values.long() % 2 == 0) & batch.token_mask
-        return Selection(keep=tokens.any(dim=1), tokens=tokens, mask_kl=True)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_a_token_mask_out_of_every_term_is_trl_s_own_loss_mask(register, loss_type):
     """A token selection with ``mask_kl`` trains as plain TRL does with those tokens out of its loss mask
     (``env_mask``): the policy-gradient, KL and entropy terms and the normaliser all lose them."""
-    register("scorer", "test_position", Position)
-    register("selector", "test_even_tokens", EvenTokens)
-    block = {"mechanism": "select", "scorer": {"name": "test_position"}, "actuator": {"name": "test_even_tokens"}}
+    block = even_tokens(register)
     kw = dict(rows=ROWS_A, rows_per_gen=16, spg=2, ga=2, loss_type=loss_type, steps=1, beta=0.04)
     a = T.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": block}, **kw)
     b = T.train(env_mask=lambda ids: [1 - i % 2 for i in range(len(ids))], **kw)

@@ -12,6 +12,7 @@ pytest.importorskip("trl")
 
 import torch
 import trl_tiny as T
+from trl_methods import DOTS, REPO, dots_weights, replayer
 
 from dataflex_bus.replay import ReplayRun
 from dataflex_bus.trl import DataflexGRPOTrainer
@@ -22,17 +23,7 @@ MIXED, _ = T.prompts()
 ROWS = MIXED[:4]  # 4 prompts of 4 rollouts per generation batch: every prompt comes back at every step
 
 
-def replayer(**params: Any) -> dict[str, Any]:
-    return {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
-            "actuator": {"name": "rollout_replay", "params": params}}
-
-
-#: RePO: each prompt's best stored rows train again in a group of their own, clipped against their mu.
-REPO = replayer(unit="prompt", priority="highest", advantage="split", correction="behaviour", per_prompt=8,
-                min_to_replay=4, replays=2, capacity=256)
-#: DOTS: half of each step's groups come from the store, every row weighted by min(pi_old / mu, 2).
-DOTS = replayer(unit="group", priority="uniform", advantage="own_group", correction="decoupled", is_cap=2.0,
-                fresh_fraction=0.5, capacity=64)
+#: RePO and DOTS: trl_methods.py (the vllm tier trains them too).
 #: Stores every row and never replays one (no prompt reaches min_to_replay).
 NEVER = replayer(unit="prompt", correction="behaviour", min_to_replay=1000, per_prompt=0, capacity=256)
 
@@ -95,7 +86,7 @@ def test_dots_fills_half_of_each_step_from_the_store_weighted_by_the_truncated_r
     _, inputs = trainer.seen[-1]
     old, mu, w = inputs["old_per_token_logps"], inputs[BEHAVIOUR], inputs[WEIGHTS]
     mask = inputs["completion_mask"].bool()
-    expected = torch.exp(old - mu).clamp(max=2.0)
+    expected = dots_weights(old, mu)
     assert torch.allclose(w[mask], expected[mask], atol=1e-6)
     moved = ((old - mu).abs() * mask).amax(dim=1) > 0  # the replayed rows: their policy has moved since
     assert int(moved.sum()) == 8 and bool((w[~moved][mask[~moved]] == 1).all())

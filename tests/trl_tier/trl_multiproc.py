@@ -83,7 +83,8 @@ case("rows dropped at on_advantage, laid out again", MIXED[:8], 16, block={
 
 
 if not os.environ.get("CASE") or "allocation" in os.environ["CASE"]:
-    from test_trl_allocate import ByPosition, Position
+    from trl_methods import ByPosition
+    from trl_methods import PromptPosition as Position
 
     register_local("scorer", "test_position", Position)
     register_local("allocator", "test_by_position", ByPosition)

@@ -38,27 +38,34 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-_SAVED: dict[int, tuple[LlamaForCausalLM, str]] = {}
+#: The tier's Llama: 2 layers, hidden 32, 4 attention heads (head size 8) sharing 2 key/value heads.
+SIZES: dict[str, int] = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+                         "num_key_value_heads": 2}
+_SAVED: dict[tuple[Any, ...], tuple[LlamaForCausalLM, str]] = {}
 
 
-def model(tok: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
-    """The same random weights on every call, saved once (TRL builds the reference model from the folder)."""
-    if seed not in _SAVED:
+def model(tok: PreTrainedTokenizerFast, seed: int = 0, *, tied: bool = False,
+          sizes: dict[str, int] | None = None) -> LlamaForCausalLM:
+    """The same random weights on every call (per seed, ``sizes`` and ``tied``), saved once to a folder the model
+    names as its path (TRL builds the reference model, and vLLM its engine, from the folder)."""
+    sizes = {**SIZES, **(sizes or {})}
+    key = (seed, tied, *sorted(sizes.items()))
+    if key not in _SAVED:
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        cfg = LlamaConfig(vocab_size=len(tok), num_hidden_layers=2, max_position_embeddings=128,
                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-                          tie_word_embeddings=False)
+                          tie_word_embeddings=tied, **sizes)
         m = LlamaForCausalLM(cfg).float()
         m.generation_config.pad_token_id = tok.pad_token_id
         m.generation_config.eos_token_id = tok.eos_token_id
         folder = tempfile.mkdtemp(prefix="dataflex-tiny-llama-")
         m.save_pretrained(folder)
         tok.save_pretrained(folder)
-        _SAVED[seed] = (m, folder)
-    m, folder = _SAVED[seed]
+        _SAVED[key] = (m, folder)
+    m, folder = _SAVED[key]
     out = copy.deepcopy(m)
     out.config._name_or_path = folder
+    out.name_or_path = folder
     return out
 
 
@@ -174,13 +181,16 @@ def config(out: str, *, rows_per_gen: int, spg: int = 1, ga: int = 1, processes:
 def train(cls: type[GRPOTrainer] = GRPOTrainer, *, rows: list[dict[str, Any]], scripted: bool = True,
           reward_funcs: Sequence[Any] | None = None, width: int = 6, trainer_kwargs: dict[str, Any] | None = None,
           resume: str | None = None, out: str | None = None,
-          env_mask: Callable[[list[int]], list[int]] | None = None, **cfg: Any) -> dict[str, Any]:
-    """Train ``cls`` on ``rows``; returns the trainer, gradients, final parameters, logged losses and metrics."""
+          env_mask: Callable[[list[int]], list[int]] | None = None, policy: LlamaForCausalLM | None = None,
+          **cfg: Any) -> dict[str, Any]:
+    """Train ``cls`` on ``rows`` (``policy``: the model to train, else :func:`model`'s); returns the trainer,
+    gradients, final parameters, logged losses and metrics."""
     tok = tokenizer()
     answers = {r["prompt"]: r["answer"] for r in rows}
     args = config(out or tempfile.mkdtemp(prefix="dataflex-grpo-"), width=width, **cfg)
     grads = Grads()
-    trainer = cls(model=model(tok), reward_funcs=list(reward_funcs or [correct]), args=args,
+    trainer = cls(model=policy if policy is not None else model(tok), reward_funcs=list(reward_funcs or [correct]),
+                  args=args,
                   train_dataset=Dataset.from_list(rows), processing_class=tok,
                   rollout_func=rollout(answers, width, env_mask) if scripted else None, callbacks=[grads],
                   **(trainer_kwargs or {}))

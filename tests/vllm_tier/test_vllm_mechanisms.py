@@ -8,7 +8,7 @@ log-probs as mu."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -21,15 +21,23 @@ pytest.importorskip("trl")
 
 import vllm_cpu_support as S  # noqa: E402
 import vllm_tiny as V  # noqa: E402
+from trl_methods import (  # noqa: E402  (the TRL tier's blocks and checks: vllm_tiny puts tests/trl_tier on the path)
+    DAPO,
+    DOTS,
+    DOTS_CAP,
+    KEEP_ALL,
+    REPO,
+    TWICE,
+    Once,
+    Twice,
+    assert_twice_the_gradient,
+    by_position,
+    dots_weights,
+    even_tokens,
+)
 
-from dataflex_bus import Reweighter, Reweighting, Score, Scorer, Selection, Selector  # noqa: E402
-from dataflex_bus.components import ALLOCATION_PARAMS, Allocation, Allocator, Param  # noqa: E402
 from dataflex_bus.trl import DataflexGRPOTrainer  # noqa: E402
 from dataflex_bus.trl.rows import BEHAVIOUR, WEIGHTS  # noqa: E402
-
-KEEP_ALL = {"mechanism": "select", "scorer": {"name": "group_solve_rate"},
-            "actuator": {"name": "threshold_band", "params": {"low": 0.0, "high": 1.0}}}
-DAPO = {"mechanism": "select", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "dapo"}}
 
 
 @pytest.fixture(autouse=True)
@@ -39,23 +47,12 @@ def cpu_backend():
         yield
 
 
-_PLAIN: dict[str, dict[str, Any]] = {}
-
-
-def plain(**kw: Any) -> dict[str, Any]:
-    """Plain TRL with vLLM on ``kw``, trained once per module."""
-    key = repr(sorted(kw.items()))
-    if key not in _PLAIN:
-        _PLAIN[key] = V.train(**kw)
-    return _PLAIN[key]
+#: Plain TRL with vLLM on its arguments, trained once per module.
+plain = Once(V.train)
 
 
 def dataflex(block: dict[str, Any], **kw: Any) -> dict[str, Any]:
     return V.train(DataflexGRPOTrainer, trainer_kwargs={"dataflex": block}, **kw)
-
-
-def flat(generations: list[dict[str, Any]]) -> list[list[int]]:
-    return [c for g in generations for c in g["completion_ids"]]
 
 
 @pytest.mark.parametrize("spg,ga", [(1, 1), (2, 1)], ids=["one-pass", "trl-old-pass"])
@@ -99,20 +96,11 @@ def test_a_selection_trains_exactly_the_kept_groups_vllm_generated():
     assert any(m["dataflex/removed_rows"] > 0 for m in trainer.dataflex_metrics)
 
 
-class Twice(Reweighter):
-    """Weight 2 on every token: a power of two, so the weighted gradient is exactly twice the plain one."""
-
-    def reweight(self, batch, score, step):
-        return Reweighting(weights=torch.full((len(batch),), 2.0))
-
-
 def test_weights_multiply_the_policy_gradient_under_vllm(register):
     register("reweighter", "test_twice", Twice)
-    block = {"mechanism": "reweight", "scorer": {"name": "reward_difficulty"}, "actuator": {"name": "test_twice"}}
-    a, b = dataflex(block, steps=1), plain(steps=1)
+    a, b = dataflex(TWICE, steps=1), plain(steps=1)
     assert a["generations"] == b["generations"]
-    (ga,), (gb,) = a["grads"], b["grads"]
-    assert all(torch.equal(ga[n], 2 * gb[n]) for n in gb)
+    assert_twice_the_gradient(a, b)
 
 
 def test_a_mixer_s_domains_are_what_vllm_generates():
@@ -147,31 +135,8 @@ def test_refill_generates_more_vllm_rounds_until_the_batch_is_full():
         assert m["dataflex/refill/trained_groups"] * V.G == m["dataflex/trained/rows"]
 
 
-class Position(Scorer):
-    requires = ("response_mask",)
-    timing = "post_advantage"
-    granularity = "token"
-
-    def score(self, batch, step, **ctx):
-        width = batch["response_mask"].shape[1]
-        return Score(torch.arange(width, dtype=torch.float32).expand(len(batch), -1).contiguous(), "token")
-
-
-class EvenTokens(Selector):
-    selects_tokens = True
-    accepts = ("token",)
-    min_timing = "post_advantage"
-
-    def select(self, batch, score, step):
-        tokens = (score.values.long() % 2 == 0) & batch.token_mask
-        return Selection(keep=tokens.any(dim=1), tokens=tokens, mask_kl=True)
-
-
 def test_a_token_selection_enters_trl_s_loss_mask_under_vllm(register):
-    register("scorer", "test_position", Position)
-    register("selector", "test_even_tokens", EvenTokens)
-    block = {"mechanism": "select", "scorer": {"name": "test_position"}, "actuator": {"name": "test_even_tokens"}}
-    a, b = dataflex(block, steps=1), plain(steps=1)
+    a, b = dataflex(even_tokens(register), steps=1), plain(steps=1)
     assert a["generations"] == b["generations"]
     (update,) = a["updates"]
     width = update["completion_ids"].size(1)
@@ -180,32 +145,8 @@ def test_a_token_selection_enters_trl_s_loss_mask_under_vllm(register):
     assert V.compare(a, b) > 0
 
 
-class PositionScore(Scorer):
-    timing: ClassVar = "pre_rollout"
-    granularity: ClassVar = "prompt"
-
-    def score(self, batch, step, **ctx):
-        return Score(torch.arange(len(batch), dtype=torch.float64), "prompt")
-
-
-class ByPosition(Allocator):
-    params: ClassVar = {**ALLOCATION_PARAMS, "counts": Param(list, [4], item=int, doc="rollouts by position")}
-    counts: list[int]
-
-    def allocate(self, batch, score, step, budget):
-        pattern = torch.tensor(self.counts, dtype=torch.long)
-        return Allocation(pattern[torch.arange(len(batch)) % pattern.numel()])
-
-
-def _allocate(register, counts: list[int]) -> dict[str, Any]:
-    register("scorer", "test_position", PositionScore)
-    register("allocator", "test_by_position", ByPosition)
-    return {"mechanism": "allocate", "scorer": {"name": "test_position"},
-            "actuator": {"name": "test_by_position", "params": {"counts": counts, "max_n": 16}}}
-
-
 def test_num_generations_for_every_prompt_is_plain_trl_with_vllm_bit_for_bit(register):
-    a, b = dataflex(_allocate(register, [V.G]), steps=2), plain(steps=2)
+    a, b = dataflex(by_position(register, [V.G]), steps=2), plain(steps=2)
     assert [m["dataflex/alloc/rollouts"] for m in a["trainer"].dataflex_metrics] == [16.0, 16.0]
     assert a["generations"] == b["generations"]
     assert V.compare(a, b) == 0.0 and a["losses"] == b["losses"]
@@ -213,7 +154,7 @@ def test_num_generations_for_every_prompt_is_plain_trl_with_vllm_bit_for_bit(reg
 
 def test_per_prompt_counts_are_what_colocated_vllm_generates(register):
     """Counts 2, 6, 4, 4 by position: one vLLM request per row, each prompt asked as often as allocated."""
-    a = dataflex(_allocate(register, [2, 6, 4, 4]), steps=2)
+    a = dataflex(by_position(register, [2, 6, 4, 4]), steps=2)
     for gen in a["generations"]:
         runs = [1]
         for prev, cur in zip(gen["prompt_ids"], gen["prompt_ids"][1:]):
@@ -240,17 +181,6 @@ def test_continuation_rounds_are_more_vllm_calls_on_the_same_prompts():
     assert metrics[-1]["compute/generated_rollouts"] == sum(len(g["completion_ids"]) for g in calls)
 
 
-def replayer(**params: Any) -> dict[str, Any]:
-    return {"mechanism": "replay", "scorer": {"name": "reward_difficulty"},
-            "actuator": {"name": "rollout_replay", "params": params}}
-
-
-REPO = replayer(unit="prompt", priority="highest", advantage="split", correction="behaviour", per_prompt=8,
-                min_to_replay=4, replays=2, capacity=256)
-DOTS = replayer(unit="group", priority="uniform", advantage="own_group", correction="decoupled", is_cap=2.0,
-                fresh_fraction=0.5, capacity=64)
-
-
 def _masked(rows: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
     return [[float(x) for x, m in zip(r.tolist(), k.tolist()) if m] for r, k in zip(rows, mask)]
 
@@ -261,7 +191,7 @@ def test_dots_weights_are_the_truncated_ratio_of_old_to_vllm_log_probs(trl_corre
     correction off, by TRL's own token_truncate ratio at clip_max=2 otherwise (never both)."""
     cfg: dict[str, Any] = ({"vllm_importance_sampling_correction": False} if trl_correction == "off" else
                            {"vllm_importance_sampling_mode": "token_truncate",
-                            "vllm_importance_sampling_clip_max": 2.0})
+                            "vllm_importance_sampling_clip_max": DOTS_CAP})
     a = dataflex(DOTS, data=V.rows(4), steps=3, **cfg)
     metrics = list(a["trainer"].dataflex_metrics)
     assert [m["dataflex/replay/rows"] for m in metrics[1:]] == [8.0, 8.0]
@@ -271,7 +201,7 @@ def test_dots_weights_are_the_truncated_ratio_of_old_to_vllm_log_probs(trl_corre
     # mu: vLLM's sampling log-probs (a replayed row's stored ones), never the old policy's
     sampled = update["sampling_per_token_logps"]
     assert torch.equal(mu[mask], sampled[mask].to(mu.dtype))
-    expected = torch.exp(old - mu).clamp(max=2.0)
+    expected = dots_weights(old, mu)
     if trl_correction == "off":
         weights = update[WEIGHTS]
         assert "importance_sampling_ratio" not in update

