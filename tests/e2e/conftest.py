@@ -125,6 +125,8 @@ def _configurations(gpu_check, inputs, out: Path) -> dict[str, Callable[[], tupl
         "off": lambda: run(2, ckpt="ckpt_off"),
         # the seed's quick-start overrides, verbatim
         "select": lambda: run(2, method=SEED, ckpt="ckpt_select"),
+        # the GPU check's control: the same block warming up at step 1 must train exactly like `off`
+        "control": lambda: run(1, method=gpu_check.METHODS["control"], ckpt="ckpt_control"),
         "reweight": lambda: run(2, method=gpu_check.METHODS["reweight"], ckpt="ckpt_reweight"),
         "mix": lambda: run(3, method=gpu_check.METHODS["mix"], save=True, ckpt="ckpt_mix"),
         "mix_resume": lambda: run(3, method=gpu_check.METHODS["mix"], ckpt="ckpt_mix_resume",

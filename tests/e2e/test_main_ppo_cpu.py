@@ -67,6 +67,14 @@ def test_select_seed_quick_start_removes_rows_before_the_update(e2e_run, gpu_che
     assert not gpu_check.check_select(plain.metrics, e2e_run("off").metrics, 1, rows=ROWS).ok
 
 
+def test_gpu_check_control_a_warming_up_method_trains_exactly_like_off(e2e_run, gpu_check):
+    off, control = e2e_run("off"), e2e_run("control")
+    check = gpu_check.check_control(off.metrics, control.metrics, 1)
+    assert check.ok, check.line()
+    # the check tells a method that acts apart: the same block acting at step 1 (the seed's select) fails it
+    assert not gpu_check.check_control(off.metrics, e2e_run("select").metrics, 1).ok
+
+
 def test_reweight_weights_reach_the_loss_on_identical_rollouts(e2e_run, gpu_check):
     plain, off, reweight = e2e_run("plain"), e2e_run("off"), e2e_run("reweight")
     same = gpu_check.check_same_rollouts(plain.metrics, reweight.metrics, 1, "reweight")

@@ -47,13 +47,13 @@ def vllm_env(env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def vllm_run(smoke, tmp_path_factory):
+def vllm_run(gpu_check, tmp_path_factory):
     """``vllm_run(name)`` -> the finished run (``plain``: verl's ``sync``; ``select``: the seed's block)."""
     out = tmp_path_factory.mktemp("e2e-vllm")
-    inputs = smoke.write_inputs(out / "inputs")
+    inputs = gpu_check.write_inputs(out / "inputs")
     methods = {"plain": ("sync", []), "select": ("dataflex_sync", SEED)}
     # plain records its step-1 rollouts, select replays them
-    cache = smoke.cache_overrides(out / "rollout_cache", [1])
+    cache = gpu_check.cache_overrides(out / "rollout_cache", [1])
     done: dict[str, Any] = {}
 
     def get(name: str) -> Any:
@@ -61,10 +61,10 @@ def vllm_run(smoke, tmp_path_factory):
             if name != "plain":
                 get("plain")
             mode, method = methods[name]
-            overrides = [*smoke.base_overrides(inputs, steps=2, rollout="vllm", mode=mode), *harness.CPU_KEYS,
+            overrides = [*gpu_check.base_overrides(inputs, steps=2, rollout="vllm", mode=mode), *harness.CPU_KEYS,
                          *verl_vllm_cpu.VLLM_CPU_KEYS, *cache,
-                         *smoke.checkpoint_overrides(out / f"ckpt_{name}", save=False), *method]
-            done[name] = smoke.launch(smoke.Run(f"vllm_{name}", overrides), out, vllm_env(dict(os.environ)), TIMEOUT)
+                         *gpu_check.checkpoint_overrides(out / f"ckpt_{name}", save=False), *method]
+            done[name] = gpu_check.launch(gpu_check.Run(f"vllm_{name}", overrides), out, vllm_env(dict(os.environ)), TIMEOUT)
         result = done[name]
         if result.returncode != 0:
             pytest.fail(f"main_ppo run {name!r} (vLLM rollout) exited {result.returncode}; last lines of "
@@ -85,11 +85,11 @@ def test_verl_s_vllm_rollout_samples_with_the_weights_the_actor_trains(vllm_run,
         assert run.metrics[step]["training/rollout_probs_diff_max"] < SAME_POLICY, step
 
 
-def test_select_seed_quick_start_removes_rows_before_the_update_under_vllm(vllm_run, smoke):
+def test_select_seed_quick_start_removes_rows_before_the_update_under_vllm(vllm_run, gpu_check):
     plain, select = vllm_run("plain"), vllm_run("select")
-    same = smoke.check_same_rollouts(plain.metrics, select.metrics, 1, "select")
+    same = gpu_check.check_same_rollouts(plain.metrics, select.metrics, 1, "select")
     assert same.ok, same.line()
-    check = smoke.check_select(plain.metrics, select.metrics, 1, rows=ROWS)
+    check = gpu_check.check_select(plain.metrics, select.metrics, 1, rows=ROWS)
     assert check.ok, check.line()
     step1 = select.metrics[1]
     assert step1["dataflex/kept_fraction"] < 1.0
