@@ -64,7 +64,8 @@ def vllm_run(gpu_check, tmp_path_factory):
             overrides = [*gpu_check.base_overrides(inputs, steps=2, rollout="vllm", mode=mode), *harness.CPU_KEYS,
                          *verl_vllm_cpu.VLLM_CPU_KEYS, *cache,
                          *gpu_check.checkpoint_overrides(out / f"ckpt_{name}", save=False), *method]
-            done[name] = gpu_check.launch(gpu_check.Run(f"vllm_{name}", overrides), out, vllm_env(dict(os.environ)), TIMEOUT)
+            done[name] = gpu_check.launch(gpu_check.Run(f"vllm_{name}", overrides), out, vllm_env(dict(os.environ)),
+                                          TIMEOUT)
         result = done[name]
         if result.returncode != 0:
             pytest.fail(f"main_ppo run {name!r} (vLLM rollout) exited {result.returncode}; last lines of "

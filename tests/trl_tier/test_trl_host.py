@@ -206,9 +206,11 @@ def test_doctor_checks_a_block_against_the_grpo_config(capsys, tmp_path, monkeyp
     checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
     assert checks["trl"]["status"] == "ok" and checks["DataflexGRPOTrainer"]["status"] == "ok"
     assert "reward_difficulty+dapo @ on_rollout" in checks["dataflex block"]["detail"]
-    assert main(["doctor", "--host", "trl", "--json", "--config", str(block), "grpo.loss_type=sapo"]) == 1
+    # a GRPOConfig the block cannot run under (every loss type TRL 1.16 has is carried out: no longer the example)
+    assert main(["doctor", "--host", "trl", "--json", "--config", str(block), "grpo.num_generations=1"]) == 1
     checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
-    assert checks["dataflex block"]["status"] == "FAIL" and "GRPOConfig.loss_type" in checks["dataflex block"]["detail"]
+    assert checks["dataflex block"]["status"] == "FAIL"
+    assert "GRPOConfig.num_generations=1" in checks["dataflex block"]["detail"]
 
 
 NOTHING_KEPT = {**QUICK_START, "actuator": {"name": "threshold_band", "params": {"low": 0.4, "high": 0.45}}}
