@@ -182,17 +182,24 @@ def test_select_is_the_seed_quick_start_verbatim_and_control_its_warming_up_copy
 
 
 # ---------------------------------------------------------------------------------------------- preflight
+#: The probes' time in the tests that check what they find.
+PROBE_S = 120.0
+
+
 @pytest.mark.verl
 def test_preflight_names_what_this_cpu_box_lacks_for_the_gpu_check(gc):
-    missing = gc.preflight(sys.executable, dict(os.environ), cpu=False)
+    # What is missing, not how fast: a loaded 2-core CI box may take longer than the GPU box's 20 s to import verl
+    # three times at once (the bound itself: test_preflight_gives_up_in_time_naming_the_probe).
+    missing = gc.preflight(sys.executable, dict(os.environ), cpu=False, timeout=PROBE_S)
     assert [m.split(":")[0] for m in missing] == ["CUDA", "vLLM"], missing
     assert "torch.cuda.is_available() is False" in missing[0]
-    assert gc.preflight(sys.executable, dict(os.environ), cpu=True) == []
+    assert gc.preflight(sys.executable, dict(os.environ), cpu=True, timeout=PROBE_S) == []
 
 
 @pytest.mark.verl
 def test_preflight_names_an_unregistered_trainer_mode(gc):
-    missing = gc.preflight(sys.executable, {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}, cpu=True)
+    missing = gc.preflight(sys.executable, {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}, cpu=True,
+                           timeout=PROBE_S)
     assert len(missing) == 1 and missing[0].startswith("dataflex_sync: `import verl` did not register it")
     assert "VERL_USE_EXTERNAL_PLUGINS" in missing[0]
 
