@@ -38,12 +38,13 @@ def test_a_shim_run_config_is_refused_saying_what_checks_it(tmp_path, capsys):
 def test_a_trl_config_file_is_checked_as_trl_and_the_host_is_said(tmp_path, capsys):
     pytest.importorskip("trl")
     path = tmp_path / "trl.yaml"
-    path.write_text(BLOCK + "grpo: {loss_type: sapo}\n")  # sapo: a loss the block's selection cannot run under
+    path.write_text(BLOCK + "grpo: {num_generations: 1}\n")  # a GRPOConfig the block's selection cannot run under
     assert main(["doctor", "--json", "--config", str(path)]) == 1
     captured = capsys.readouterr()
     checks = {c["check"]: c for c in json.loads(captured.out)}
     assert "DataflexGRPOTrainer" in checks and "GRPOConfig" in checks
-    assert checks["dataflex block"]["status"] == "FAIL" and "GRPOConfig.loss_type" in checks["dataflex block"]["detail"]
+    assert checks["dataflex block"]["status"] == "FAIL"
+    assert "GRPOConfig.num_generations=1" in checks["dataflex block"]["detail"]
     assert "host 'trl'" in captured.err and str(path) in captured.err and "--host verl" in captured.err
 
 
