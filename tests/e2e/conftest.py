@@ -170,10 +170,6 @@ def e2e_run(gpu_check, e2e_out, pytestconfig):
                 get(needs[name])
             overrides, more = configs[name]()
             done[name] = launch(pytestconfig, gpu_check, gpu_check.Run(name, overrides), out, {**env, **more})
-        result = done[name]
-        if result.returncode != 0:
-            pytest.fail(f"main_ppo run {name!r} exited {result.returncode}; last lines of {result.log}:\n"
-                        f"{result.tail()}", pytrace=False)
-        return result
+        return harness.finished(name, done[name])
 
     return get

@@ -67,3 +67,26 @@ def cpu_overrides(gpu_check: ModuleType, inputs, *, steps: int, mode: str = "dat
     :data:`CPU_KEYS`, plus ``extra``."""
     return [*gpu_check.base_overrides(inputs, steps=steps, rollout=ROLLOUT_NAME, mode=mode, **keys), *CPU_KEYS,
             *extra]
+
+
+def finished(name: str, result, what: str = ""):
+    """``result`` of the ``main_ppo`` run ``name`` when it exited 0; otherwise the test fails with the log's tail."""
+    if result.returncode != 0:
+        import pytest
+
+        pytest.fail(f"main_ppo run {name!r}{what} exited {result.returncode}; last lines of {result.log}:\n"
+                    f"{result.tail()}", pytrace=False)
+    return result
+
+
+def assert_select_removed_rows_before_the_update(gpu_check: ModuleType, plain, select, rows: int) -> None:
+    """The seed's select at step 1: the same rollouts as ``plain``, rows removed before verl's update."""
+    same = gpu_check.check_same_rollouts(plain.metrics, select.metrics, 1, "select")
+    assert same.ok, same.line()
+    check = gpu_check.check_select(plain.metrics, select.metrics, 1, rows=rows)
+    assert check.ok, check.line()
+    step1 = select.metrics[1]
+    assert step1["dataflex/kept_fraction"] < 1.0
+    assert step1["dataflex/rollout/rows"] == rows
+    # verl's own metrics only saw the kept rows: the removed (code) groups scored 0
+    assert step1["critic/score/mean"] > step1["dataflex/rollout/reward_mean"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import harness
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -54,15 +55,7 @@ def test_console_parser_reads_what_the_file_logger_wrote(e2e_run, gpu_check):
 def test_select_seed_quick_start_removes_rows_before_the_update(e2e_run, gpu_check):
     plain, select = e2e_run("plain"), e2e_run("select")
     assert sorted(select.metrics) == [1, 2]
-    same = gpu_check.check_same_rollouts(plain.metrics, select.metrics, 1, "select")
-    assert same.ok, same.line()
-    check = gpu_check.check_select(plain.metrics, select.metrics, 1, rows=ROWS)
-    assert check.ok, check.line()
-    step1 = select.metrics[1]
-    assert step1["dataflex/kept_fraction"] < 1.0
-    assert step1["dataflex/rollout/rows"] == ROWS
-    # verl's own metrics only saw the kept rows: the removed (code) groups scored 0
-    assert step1["critic/score/mean"] > step1["dataflex/rollout/reward_mean"]
+    harness.assert_select_removed_rows_before_the_update(gpu_check, plain, select, ROWS)
     # the check fails for a run whose adapter removed nothing
     assert not gpu_check.check_select(plain.metrics, e2e_run("off").metrics, 1, rows=ROWS).ok
 

@@ -66,11 +66,7 @@ def vllm_run(gpu_check, tmp_path_factory):
                          *gpu_check.checkpoint_overrides(out / f"ckpt_{name}", save=False), *method]
             done[name] = gpu_check.launch(gpu_check.Run(f"vllm_{name}", overrides), out, vllm_env(dict(os.environ)),
                                           TIMEOUT)
-        result = done[name]
-        if result.returncode != 0:
-            pytest.fail(f"main_ppo run {name!r} (vLLM rollout) exited {result.returncode}; last lines of "
-                        f"{result.log}:\n{result.tail()}", pytrace=False)
-        return result
+        return harness.finished(name, done[name], " (vLLM rollout)")
 
     return get
 
@@ -88,12 +84,4 @@ def test_verl_s_vllm_rollout_samples_with_the_weights_the_actor_trains(vllm_run,
 
 def test_select_seed_quick_start_removes_rows_before_the_update_under_vllm(vllm_run, gpu_check):
     plain, select = vllm_run("plain"), vllm_run("select")
-    same = gpu_check.check_same_rollouts(plain.metrics, select.metrics, 1, "select")
-    assert same.ok, same.line()
-    check = gpu_check.check_select(plain.metrics, select.metrics, 1, rows=ROWS)
-    assert check.ok, check.line()
-    step1 = select.metrics[1]
-    assert step1["dataflex/kept_fraction"] < 1.0
-    assert step1["dataflex/rollout/rows"] == ROWS
-    # verl's own metrics only saw the kept rows: the removed (code) groups scored 0
-    assert step1["critic/score/mean"] > step1["dataflex/rollout/reward_mean"]
+    harness.assert_select_removed_rows_before_the_update(gpu_check, plain, select, ROWS)
